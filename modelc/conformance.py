@@ -1,0 +1,151 @@
+"""ONNX's operator conformance cases, run through the frontend and the reference executor.
+
+`python -m modelc.conformance` prints the pass count per op and the reason for every case not run.
+The cases ship inside the onnx package (`onnx.backend.test.case.node.collect_testcases`), each a
+one-node model with inputs, expected outputs and its own tolerances.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from . import ops, reference
+from .errors import ModelcError, UnsupportedOpError
+from .frontend import converters, onnx_import
+
+PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
+
+
+@dataclass
+class CaseResult:
+    name: str
+    ops: tuple
+    status: str
+    reason: str = ""
+
+
+def collect_cases():
+    from onnx.backend.test.case.node import collect_testcases
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            return collect_testcases(None)
+
+
+def _unsupported_ops(model: onnx.ModelProto) -> list[str]:
+    out = []
+    for n in model.graph.node:
+        if n.domain not in onnx_import.ONNX_DOMAINS:
+            out.append(f"{n.domain}.{n.op_type}")
+        elif n.op_type not in ops.REGISTRY and n.op_type not in converters.CONVERTED_AWAY:
+            out.append(n.op_type)
+    return sorted(set(out))
+
+
+def _value_type_problem(vi: onnx.ValueInfoProto) -> str | None:
+    if not vi.type.HasField("tensor_type"):
+        return f"non-tensor type ({vi.type.WhichOneof('value')}) for {vi.name!r}"
+    et = vi.type.tensor_type.elem_type
+    try:
+        dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(et))
+    except Exception:
+        dt = None
+    if dt is None or dt.kind not in "biuf" or dt.itemsize == 1 and dt.kind == "f" or \
+            onnx.TensorProto.DataType.Name(et) in ("BFLOAT16",) or dt.kind == "V":
+        return f"dtype {onnx.TensorProto.DataType.Name(et)} of {vi.name!r}"
+    return None
+
+
+def run_case(case) -> CaseResult:
+    model = case.model
+    op_types = tuple(sorted({n.op_type for n in model.graph.node}))
+    missing = _unsupported_ops(model)
+    if missing:
+        return CaseResult(case.name, op_types, NOT_RUN, "unsupported op: " + ", ".join(missing))
+    for vi in list(model.graph.input) + list(model.graph.output):
+        problem = _value_type_problem(vi)
+        if problem:
+            return CaseResult(case.name, op_types, NOT_RUN, "unsupported " + problem)
+    try:
+        for inputs, expected in case.data_sets:
+            names = [i.name for i in model.graph.input]
+            feeds = {n: np.asarray(x) for n, x in zip(names, inputs)}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                graph = onnx_import.from_onnx(model, shape={n: x.shape for n, x in feeds.items()})
+            feeds = {n: x for n, x in feeds.items() if n in graph.inputs}
+            with np.errstate(all="ignore"):
+                got = reference.run(graph, feeds)
+            for out_name, exp in zip([o.name for o in model.graph.output], expected):
+                exp = np.asarray(exp)
+                res = got[out_name]
+                if res.dtype != exp.dtype:
+                    return CaseResult(case.name, op_types, FAILED,
+                                      f"output {out_name!r} dtype {res.dtype}, expected {exp.dtype}")
+                if res.shape != exp.shape:
+                    return CaseResult(case.name, op_types, FAILED,
+                                      f"output {out_name!r} shape {res.shape}, expected {exp.shape}")
+                try:
+                    np.testing.assert_allclose(res, exp, rtol=case.rtol, atol=case.atol)
+                except AssertionError as e:
+                    msg = " ".join(str(e).split())
+                    return CaseResult(case.name, op_types, FAILED, f"output {out_name!r}: {msg[:300]}")
+    except UnsupportedOpError as e:
+        return CaseResult(case.name, op_types, NOT_RUN, "unsupported form: " + " ".join(str(e).split()))
+    except ModelcError as e:
+        return CaseResult(case.name, op_types, FAILED, f"{type(e).__name__}: {' '.join(str(e).split())}")
+    except Exception as e:  # a crash is a bug; report it as a failure, not as not-run
+        return CaseResult(case.name, op_types, FAILED, f"crash {type(e).__name__}: {e}")
+    return CaseResult(case.name, op_types, PASSED)
+
+
+def run_all(pattern: str | None = None) -> list[CaseResult]:
+    return [run_case(c) for c in collect_cases() if pattern is None or pattern in c.name]
+
+
+def summarize(results: list[CaseResult], out=sys.stdout, verbose: bool = False):
+    by_status = collections.Counter(r.status for r in results)
+    print(f"ONNX conformance: {len(results)} cases: {by_status[PASSED]} passed, "
+          f"{by_status[FAILED]} failed, {by_status[NOT_RUN]} not run", file=out)
+    per_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in results:
+        if r.status != NOT_RUN:
+            for op in r.ops:
+                per_op[op][r.status] += 1
+    print(f"\n{'op':<28}{'passed':>8}{'failed':>8}", file=out)
+    for op in sorted(per_op):
+        print(f"{op:<28}{per_op[op][PASSED]:>8}{per_op[op][FAILED]:>8}", file=out)
+    reasons = collections.Counter(r.reason.split(":")[0] for r in results if r.status == NOT_RUN)
+    print("\nnot run, by reason:", file=out)
+    for reason, n in reasons.most_common():
+        print(f"  {n:5d}  {reason}", file=out)
+    fails = [r for r in results if r.status == FAILED]
+    if fails:
+        print("\nfailed:", file=out)
+        for r in fails:
+            print(f"  {r.name}: {r.reason}", file=out)
+    if verbose:
+        print("\nnot run:", file=out)
+        for r in results:
+            if r.status == NOT_RUN:
+                print(f"  {r.name}: {r.reason}", file=out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m modelc.conformance", description=__doc__)
+    p.add_argument("-k", "--pattern", help="only cases whose name contains this")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every case not run")
+    args = p.parse_args(argv)
+    results = run_all(args.pattern)
+    summarize(results, verbose=args.verbose)
+    return 1 if any(r.status == FAILED for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

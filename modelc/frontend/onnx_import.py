@@ -1,0 +1,310 @@
+"""ONNX import: ModelProto -> Graph, with every tensor's static shape known.
+
+Steps, top to bottom: load and check the model, inline local functions, bind input shapes (the
+`shape=` override resolves symbolic dims), list every unsupported op at once, then convert node by
+node in topological order, inferring each node's output shapes as it is added so that converters
+can use them. Finally ONNX's own shape inference is compared with ours on every tensor where both
+are static, so a disagreement surfaces at import rather than as a wrong answer later.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
+
+from .. import ops
+from ..errors import ModelcError, ModelLoadError, ShapeError, UnsupportedOpError
+from ..ir import Graph, Node, Tensor
+from . import converters as conv
+from . import legacy  # noqa: F401  (registers the opset converters)
+
+ONNX_DOMAINS = ("", "ai.onnx")
+
+
+def load_model(model) -> onnx.ModelProto:
+    """Accept a path, bytes or ModelProto; raise ModelLoadError for anything unreadable."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        try:
+            return onnx.load_from_string(bytes(model))
+        except Exception as e:
+            raise ModelLoadError(f"cannot parse ONNX model from bytes: {e}") from None
+    path = os.fspath(model)
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model file {path!r} does not exist")
+    try:
+        proto = onnx.load(path)
+    except Exception as e:
+        raise ModelLoadError(f"{path!r} is not a readable ONNX model: {type(e).__name__}: {e}") from None
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelLoadError(f"{path!r} holds no ONNX graph (empty or not an ONNX file)")
+    return proto
+
+
+def model_opset(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in ONNX_DOMAINS:
+            return int(imp.version)
+    return 1 if proto.ir_version < 3 else onnx.defs.onnx_opset_version()
+
+
+def decode_attr(a: onnx.AttributeProto):
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, onnx.SparseTensorProto):
+        return _sparse_to_dense(v)
+    if isinstance(v, (list, tuple)):
+        return [x.decode("utf-8", "replace") if isinstance(x, bytes) else
+                numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x for x in v]
+    return v
+
+
+def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
+    values = numpy_helper.to_array(sp.values)
+    idx = numpy_helper.to_array(sp.indices)
+    dense = np.zeros(tuple(sp.dims), dtype=values.dtype)
+    if idx.ndim == 1:
+        dense.reshape(-1)[idx] = values
+    else:
+        dense[tuple(idx.T)] = values
+    return dense
+
+
+def _np_dtype(elem_type: int, where: str):
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "undefined"
+        raise ModelcError(f"{where} has element type {name}, which modelc does not support") from None
+
+
+class Context:
+    """What converters see: the graph being built, the opset, and shapes known so far."""
+
+    def __init__(self, graph: Graph, opset: int):
+        self.graph = graph
+        self.opset = opset
+        self.known: dict[str, np.ndarray] = {}   # values computable at import (not constants)
+        self.current: Node | None = None
+
+    # queries
+    def tensor(self, name) -> Tensor:
+        return self.graph.tensor(name)
+
+    def shape(self, name) -> tuple:
+        return self.graph.tensor(name).shape
+
+    def rank(self, name) -> int:
+        return len(self.shape(name))
+
+    def dtype(self, name):
+        return self.graph.tensor(name).dtype
+
+    def value(self, name):
+        """The value of a constant, or of a tensor computable from shapes alone; else None."""
+        if not name:
+            return None
+        v = self.graph.value(name)
+        return v if v is not None else self.known.get(name)
+
+    # construction
+    def const(self, value, hint="const") -> str:
+        return self.graph.add_const(self.graph.fresh_name(hint), np.asarray(value))
+
+    def emit(self, op_type: str, inputs, outputs=None, attrs=None, n_outputs=1) -> list[str]:
+        """Add a canonical node; returns its output tensor names (fresh ones unless given)."""
+        base = self.current.name if self.current is not None else op_type
+        if outputs is None:
+            outputs = [self.graph.fresh_name(f"{base}_{op_type.lower()}") for _ in range(n_outputs)]
+        node = Node(self.graph.fresh_name(base), op_type, list(inputs), list(outputs),
+                    dict(attrs or {}), onnx_name=self.current.onnx_name if self.current else "")
+        self._add(node)
+        return list(outputs)
+
+    def emit_node(self, node: Node):
+        """Add `node` as it is (canonical already)."""
+        self._add(node)
+
+    def alias(self, src: str, dst: str):
+        """Make tensor `dst` (a node output in the model) equal to `src`, via Identity."""
+        self.emit("Identity", [src], [dst])
+
+    def _add(self, node: Node):
+        if node.op_type not in ops.REGISTRY:
+            raise UnsupportedOpError({node.op_type: [node.onnx_name or node.name]})
+        ins = []
+        for i in node.inputs:
+            if not i:
+                ins.append(None)
+                continue
+            t = self.graph.tensor(i)
+            if t.shape is None:
+                raise ShapeError(f"{node.where()} reads {i!r}, whose shape is unknown")
+            ins.append(t if t.value is not None or i not in self.known else
+                       Tensor(t.name, t.shape, t.dtype, self.known[i]))
+        outs = ops.infer(node, ins)
+        self.graph.add_node(node)
+        for o in outs:
+            if not o.name:
+                continue
+            t = self.graph.tensors[o.name]
+            t.shape, t.dtype = o.shape, o.dtype
+            if o.value is not None:
+                self.known[o.name] = o.value
+
+
+def from_onnx(model, shape: dict | None = None, check: bool = True) -> Graph:
+    """Import an ONNX model (path, bytes or ModelProto) into a shape-annotated Graph.
+
+    `shape` maps input names to concrete shapes; it is required for inputs with symbolic or
+    unknown dimensions (dynamic batch) and must keep each input's rank.
+    """
+    proto = load_model(model)
+    if proto.functions:
+        try:
+            proto = onnx.inliner.inline_local_functions(proto)
+        except Exception as e:
+            raise ModelLoadError(f"cannot inline the model's local functions: {e}") from None
+    if check:
+        try:
+            onnx.checker.check_model(proto)
+        except onnx.checker.ValidationError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            warnings.warn(f"onnx.checker rejects the model ({first}); importing anyway", stacklevel=2)
+    opset = model_opset(proto)
+    g = proto.graph
+    _check_supported(g, opset)
+
+    graph = Graph(g.name or "graph")
+    graph.opset = opset
+    ctx = Context(graph, opset)
+
+    init_names = set()
+    for init in g.initializer:
+        graph.add_const(init.name, numpy_helper.to_array(init))
+        init_names.add(init.name)
+    for sp in g.sparse_initializer:
+        graph.add_const(sp.values.name, _sparse_to_dense(sp))
+        init_names.add(sp.values.name)
+
+    bound = _bind_inputs(g, init_names, shape or {})
+    for name, (shp, dtype) in bound.items():
+        graph.add_tensor(name, shp, dtype)
+        graph.inputs.append(name)
+
+    used = set()
+    for i, n in enumerate(g.node):
+        base = n.name or f"{n.op_type}_{i}"
+        name = base if base not in used else graph.fresh_name(base)
+        used.add(name)
+        attrs = {a.name: decode_attr(a) for a in n.attribute}
+        node = Node(name, n.op_type, list(n.input), list(n.output), attrs, onnx_name=n.name or name)
+        for inp in node.inputs:
+            if inp and inp not in graph.tensors:
+                raise ModelLoadError(f"{node.where()} reads tensor {inp!r}, which is neither a graph "
+                                     "input, an initializer nor the output of an earlier node "
+                                     "(the nodes may not be in topological order)")
+        ctx.current = node
+        conv.lookup(n.op_type, opset)(ctx, node)
+        ctx.current = None
+        for out in node.outputs:
+            if out and (out not in graph.tensors or graph.tensors[out].shape is None):
+                raise ModelcError(f"{node.where()}: the converter did not produce output {out!r}")
+
+    for out in g.output:
+        if out.name not in graph.tensors:
+            raise ModelLoadError(f"graph output {out.name!r} is not produced by any node")
+        graph.outputs.append(out.name)
+    _compare_with_onnx_inference(proto, bound, graph)
+    return graph
+
+
+def _check_supported(g: onnx.GraphProto, opset: int):
+    """Raise one error listing every op type the model uses that modelc cannot import."""
+    missing: dict[str, list[str]] = {}
+    for i, n in enumerate(g.node):
+        if n.domain not in ONNX_DOMAINS:
+            key = f"{n.domain}.{n.op_type}"
+        elif n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY:
+            continue
+        else:
+            key = n.op_type
+        missing.setdefault(key, []).append(n.name or f"#{i}")
+    if missing:
+        raise UnsupportedOpError(missing)
+
+
+def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict) -> dict:
+    """Concrete (shape, dtype) of every real graph input (initializers listed as inputs excluded)."""
+    real = [i for i in g.input if i.name not in init_names]
+    names = [i.name for i in real]
+    for k in override:
+        if k not in names:
+            raise ShapeError(f"shape override for {k!r}, but the model's inputs are {names}")
+    bound = {}
+    for inp in real:
+        tt = inp.type.tensor_type
+        if not inp.type.HasField("tensor_type"):
+            raise ModelcError(f"graph input {inp.name!r} is not a tensor (sequence or map inputs "
+                              "are not supported)")
+        dtype = _np_dtype(tt.elem_type, f"graph input {inp.name!r}")
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                for d in tt.shape.dim] if tt.HasField("shape") else None
+        if inp.name in override:
+            shp = tuple(int(d) for d in override[inp.name])
+            if dims is not None and len(dims) != len(shp):
+                raise ShapeError(f"shape override {list(shp)} for input {inp.name!r} has rank "
+                                 f"{len(shp)}, but the model declares rank {len(dims)} ({dims})")
+            if dims is not None:
+                for d, s in zip(dims, shp):
+                    if isinstance(d, int) and d > 0 and d != s:
+                        raise ShapeError(f"shape override {list(shp)} for input {inp.name!r} "
+                                         f"contradicts its static shape {dims}")
+            if any(s <= 0 for s in shp):
+                raise ShapeError(f"shape override {list(shp)} for input {inp.name!r} has a "
+                                 "non-positive dimension")
+        else:
+            if dims is None or any(not isinstance(d, int) or d <= 0 for d in dims):
+                raise ShapeError(
+                    f"input {inp.name!r} has shape {dims} with unknown dimensions; pass concrete "
+                    f"shapes, e.g. shape={{{inp.name!r}: (1, ...)}}")
+            shp = tuple(dims)
+        bound[inp.name] = (shp, dtype)
+    return bound
+
+
+def _compare_with_onnx_inference(proto, bound: dict, graph: Graph):
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    for inp in m.graph.input:
+        if inp.name in bound:
+            shp = bound[inp.name][0]
+            dims = inp.type.tensor_type.shape.dim
+            del dims[:]
+            for s in shp:
+                dims.add().dim_value = s
+    try:
+        inferred = shape_inference.infer_shapes(m, check_type=False, strict_mode=False,
+                                                data_prop=True)
+    except Exception:
+        return   # ONNX's inference has gaps; ours is authoritative, this is only a cross-check
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        t = graph.tensors.get(vi.name)
+        if t is None or t.shape is None or not vi.type.HasField("tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if None in dims:
+            continue
+        if tuple(dims) != tuple(t.shape):
+            raise ShapeError(f"tensor {vi.name!r}: modelc infers shape {list(t.shape)} but ONNX shape "
+                             f"inference says {dims}")
