@@ -105,6 +105,54 @@ def run_case(case) -> CaseResult:
     return CaseResult(case.name, op_types, PASSED)
 
 
+def data_model_dirs() -> list[str]:
+    """Model folders (model.onnx + test_data_set_*) shipped under onnx/backend/test/data."""
+    import glob
+    import os
+    root = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
+    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(root, "*", "*", "model.onnx")))
+
+
+def light_models() -> list[str]:
+    """The 'light' ONNX-zoo models (opset 9 structure, ConstantOfShape-made weights)."""
+    import glob
+    import os
+    root = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+    return sorted(glob.glob(os.path.join(root, "*.onnx")))
+
+
+def run_model_dir(path: str, rtol: float = 1e-3, atol: float = 1e-7) -> CaseResult:
+    """Import a stored test model and compare with its stored expected outputs."""
+    import glob
+    import os
+    from onnx import numpy_helper
+    name = os.path.relpath(path, os.path.dirname(os.path.dirname(path)))
+    model = onnx.load(os.path.join(path, "model.onnx"))
+    sets = []
+    for d in sorted(glob.glob(os.path.join(path, "test_data_set_*"))):
+        def read(kind):
+            files = sorted(glob.glob(os.path.join(d, f"{kind}_*.pb")),
+                           key=lambda f: int(f.rsplit("_", 1)[1].split(".")[0]))
+            out = []
+            for f in files:
+                t = onnx.TensorProto()
+                with open(f, "rb") as fh:
+                    t.ParseFromString(fh.read())
+                out.append(numpy_helper.to_array(t))
+            return out
+        sets.append((read("input"), read("output")))
+
+    class _Case:
+        pass
+    case = _Case()
+    case.name, case.model, case.data_sets, case.rtol, case.atol = name, model, sets, rtol, atol
+    inits = {i.name for i in model.graph.initializer}
+    real_inputs = [i for i in model.graph.input if i.name not in inits]
+    del model.graph.input[:]
+    model.graph.input.extend(real_inputs)   # stored inputs feed the real inputs only
+    return run_case(case)
+
+
 def run_all(pattern: str | None = None) -> list[CaseResult]:
     return [run_case(c) for c in collect_cases() if pattern is None or pattern in c.name]
 
@@ -141,9 +189,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m modelc.conformance", description=__doc__)
     p.add_argument("-k", "--pattern", help="only cases whose name contains this")
     p.add_argument("-v", "--verbose", action="store_true", help="list every case not run")
+    p.add_argument("--write-baseline", metavar="FILE",
+                   help="write the names of the passing cases (the regression baseline) to FILE")
     args = p.parse_args(argv)
     results = run_all(args.pattern)
     summarize(results, verbose=args.verbose)
+    if args.write_baseline:
+        with open(args.write_baseline, "w") as f:
+            f.writelines(f"{r.name}\n" for r in results if r.status == PASSED)
     return 1 if any(r.status == FAILED for r in results) else 0
 
 

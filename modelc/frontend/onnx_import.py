@@ -160,11 +160,14 @@ class Context:
                 self.known[o.name] = o.value
 
 
-def from_onnx(model, shape: dict | None = None, check: bool = True) -> Graph:
+def from_onnx(model, shape: dict | None = None, check: bool = True,
+              default_batch: int | None = None) -> Graph:
     """Import an ONNX model (path, bytes or ModelProto) into a shape-annotated Graph.
 
     `shape` maps input names to concrete shapes; it is required for inputs with symbolic or
-    unknown dimensions (dynamic batch) and must keep each input's rank.
+    unknown dimensions (dynamic batch) and must keep each input's rank. `default_batch`, if given,
+    binds a symbolic *leading* dimension of an input that `shape` does not name (the batch of an
+    exported model) - the command line uses 1.
     """
     proto = load_model(model)
     if proto.functions:
@@ -194,7 +197,7 @@ def from_onnx(model, shape: dict | None = None, check: bool = True) -> Graph:
         graph.add_const(sp.values.name, _sparse_to_dense(sp))
         init_names.add(sp.values.name)
 
-    bound = _bind_inputs(g, init_names, shape or {})
+    bound = _bind_inputs(g, init_names, shape or {}, default_batch)
     for name, (shp, dtype) in bound.items():
         graph.add_tensor(name, shp, dtype)
         graph.inputs.append(name)
@@ -241,7 +244,7 @@ def _check_supported(g: onnx.GraphProto, opset: int):
         raise UnsupportedOpError(missing)
 
 
-def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict) -> dict:
+def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_batch=None) -> dict:
     """Concrete (shape, dtype) of every real graph input (initializers listed as inputs excluded)."""
     real = [i for i in g.input if i.name not in init_names]
     names = [i.name for i in real]
@@ -271,6 +274,8 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict) -> dict:
                 raise ShapeError(f"shape override {list(shp)} for input {inp.name!r} has a "
                                  "non-positive dimension")
         else:
+            if default_batch and dims and not (isinstance(dims[0], int) and dims[0] > 0):
+                dims = [default_batch] + dims[1:]
             if dims is None or any(not isinstance(d, int) or d <= 0 for d in dims):
                 raise ShapeError(
                     f"input {inp.name!r} has shape {dims} with unknown dimensions; pass concrete "

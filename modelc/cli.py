@@ -1,0 +1,145 @@
+"""The `modelc` command line. Each subcommand is a thin layer over the Python API."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+from .errors import ModelcError
+
+
+def resolve_model(model: str) -> str:
+    """A path as given, or the cached file of a built-in example model (built on first use)."""
+    if os.path.exists(model) or os.sep in model or model.endswith(".onnx"):
+        return model
+    try:
+        import models
+    except ImportError:
+        raise ModelcError(f"{model!r} is not a file, and the built-in example models are not installed")
+    if model not in models.MODELS:
+        raise ModelcError(f"{model!r} is neither a file nor a built-in model "
+                          f"(built-in: {', '.join(sorted(models.MODELS))})")
+    return models.cached_path(model)
+
+
+def parse_shapes(items) -> dict | None:
+    """--shape input=1,3,224,224 (repeatable) -> {"input": (1, 3, 224, 224)}."""
+    if not items:
+        return None
+    out = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        if not sep or not name:
+            raise ModelcError(f"--shape {item!r}: expected NAME=D1,D2,...")
+        try:
+            out[name] = tuple(int(d) for d in dims.replace("x", ",").split(",") if d)
+        except ValueError:
+            raise ModelcError(f"--shape {item!r}: dimensions must be integers") from None
+    return out
+
+
+def _import(args):
+    from .frontend import from_onnx
+    return from_onnx(resolve_model(args.model), shape=parse_shapes(args.shape),
+                     default_batch=args.batch)
+
+
+def cmd_info(args):
+    from .ops.cost import graph_macs
+    graph = _import(args)
+    params = sum(t.size for t in graph.constants())
+    print(f"model   {args.model}")
+    print(f"graph   {graph.name}, opset {graph.opset}, {len(graph)} nodes")
+    for name in graph.inputs:
+        print(f"input   {graph.tensors[name]!r}")
+    for name in graph.outputs:
+        print(f"output  {graph.tensors[name]!r}")
+    print(f"params  {params:,} ({params / 1e6:.2f} M)")
+    macs = graph_macs(graph)
+    print(f"MACs    {macs:,} ({macs / 1e9:.3f} G)")
+    print("ops     " + ", ".join(f"{op} x{n}" for op, n in graph.op_counts().items()))
+    if args.graph:
+        print(graph)
+
+
+def cmd_export(args):
+    import models
+    if args.name not in models.MODELS:
+        raise ModelcError(f"unknown model {args.name!r}; built-in: {', '.join(sorted(models.MODELS))}")
+    out = args.output or f"{args.name}.onnx"
+    models.save(args.name, out)
+    print(f"wrote {out}")
+
+
+def cmd_models(args):
+    import models
+    for name in sorted(models.MODELS):
+        print(name)
+
+
+def cmd_run_reference(args):
+    from . import reference
+    graph = _import(args)
+    rng = np.random.default_rng(args.seed)
+    feeds = {}
+    for name in graph.inputs:
+        t = graph.tensors[name]
+        if args.input:
+            feeds[name] = np.load(args.input)
+        else:
+            feeds[name] = rng.standard_normal(t.shape).astype(t.dtype)
+    outs = reference.run(graph, feeds)
+    for name, val in outs.items():
+        print(f"{name}: {val.dtype}{list(val.shape)} min {val.min():.4g} max {val.max():.4g}"
+              + (f" argmax {int(val.reshape(val.shape[0], -1)[0].argmax())}" if val.ndim >= 2 else ""))
+    if args.output:
+        np.save(args.output, next(iter(outs.values())))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="modelc", description="ONNX model compiler for CPUs")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def model_cmd(name, help_):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("model", help="an .onnx file or a built-in example name (e.g. resnet18)")
+        s.add_argument("--shape", action="append", metavar="NAME=D1,D2,...",
+                       help="bind an input's shape (needed for dynamic dimensions)")
+        s.add_argument("--batch", type=int, default=1,
+                       help="batch size for inputs whose leading dimension is symbolic (default 1)")
+        return s
+
+    s = model_cmd("info", "inputs, outputs, op counts, parameters and MACs of a model")
+    s.add_argument("--graph", action="store_true", help="also print the imported graph")
+    s.set_defaults(fn=cmd_info)
+
+    s = model_cmd("reference", "run a model with the numpy reference executor")
+    s.add_argument("--input", help=".npy file for the (single) input; default: seeded random")
+    s.add_argument("--output", help="write the first output to this .npy file")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(fn=cmd_run_reference)
+
+    s = sub.add_parser("export", help="write a built-in example model to an .onnx file")
+    s.add_argument("name")
+    s.add_argument("-o", "--output")
+    s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("models", help="list the built-in example models")
+    s.set_defaults(fn=cmd_models)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except ModelcError as e:
+        print(f"modelc: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
