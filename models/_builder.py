@@ -34,7 +34,7 @@ class GraphBuilder:
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self._used: collections.Counter = collections.Counter()
-        self._scalars: dict = {}
+        self._shared: dict = {}
         self.bns: list[dict] = []        # BatchNorms awaiting calibration
         self.classifier: dict | None = None
 
@@ -49,12 +49,14 @@ class GraphBuilder:
         self.inits[name] = np.asarray(value)
         return name
 
-    def scalar(self, value: float, dtype=np.float32) -> str:
-        """One shared initializer per scalar value, as exporters do."""
-        key = (float(value), np.dtype(dtype).str)
-        if key not in self._scalars:
-            self._scalars[key] = self.const(np.array(value, dtype=dtype), f"const_{value:g}")
-        return self._scalars[key]
+    def shared(self, value, dtype=np.float32, hint: str | None = None) -> str:
+        """One initializer per distinct constant (scalars, reshape shapes), as exporters do."""
+        arr = np.asarray(value, dtype=dtype)
+        key = (arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._shared:
+            default = f"const_{arr.item():g}" if arr.size == 1 else "const_" + "_".join(map(str, arr.ravel()))
+            self._shared[key] = self.const(arr, hint or default)
+        return self._shared[key]
 
     def op(self, op_type: str, inputs, hint: str, out: str | None = None, **attrs) -> str:
         """Add one single-output node named `{hint}/{op_type}`; returns its output name."""
@@ -100,7 +102,7 @@ class GraphBuilder:
 
     def relu6(self, x, hint) -> str:
         """ReLU6 in its opset >= 11 form: Clip with min/max as constant inputs."""
-        return self.op("Clip", [x, self.scalar(0.0), self.scalar(6.0)], hint)
+        return self.op("Clip", [x, self.shared(0.0), self.shared(6.0)], hint)
 
     def conv_bn(self, x, cin, cout, k, hint, stride=1, groups=1, act=None, bn_hint=None) -> str:
         """Conv (no bias) + BatchNorm + optional activation ("relu" or "relu6")."""
@@ -137,9 +139,9 @@ class GraphBuilder:
 
     def gelu(self, x, hint) -> str:
         """Exact GELU as exporters decompose it: x * 0.5 * (1 + Erf(x / sqrt(2)))."""
-        e = self.op("Erf", [self.op("Div", [x, self.scalar(np.sqrt(2.0))], hint)], hint)
-        y = self.op("Mul", [x, self.op("Add", [e, self.scalar(1.0)], hint)], hint)
-        return self.op("Mul", [y, self.scalar(0.5)], hint)
+        e = self.op("Erf", [self.op("Div", [x, self.shared(np.sqrt(2.0))], hint)], hint)
+        y = self.op("Mul", [x, self.op("Add", [e, self.shared(1.0)], hint)], hint)
+        return self.op("Mul", [y, self.shared(0.5)], hint)
 
     # ---- finishing ---------------------------------------------------------------------------
     def calibrate(self, batch: np.ndarray) -> None:
