@@ -111,7 +111,8 @@ class Graph:
         return None if t is None else t.value
 
     # ---- nodes ---------------------------------------------------------------------------
-    def add_node(self, node: Node) -> Node:
+    def add_node(self, node: Node, order: int | None = None) -> Node:
+        """Add `node`; `order` (kept when a node is re-added) breaks ties in topological order."""
         if node.name in self.nx:
             raise ModelcError(f"duplicate node name {node.name!r}")
         for out in node.outputs:
@@ -122,7 +123,7 @@ class Graph:
                                   f"{node.where()})")
             self._producer[out] = node.name
             self.tensors.setdefault(out, Tensor(out))
-        self.nx.add_node(node.name, node=node, order=next(self._order))
+        self.nx.add_node(node.name, node=node, order=next(self._order) if order is None else order)
         for inp in node.inputs:
             if inp:
                 self._consumers.setdefault(inp, set()).add(node.name)
@@ -163,17 +164,43 @@ class Graph:
         return [self.node(n) for n in sorted(self._consumers.get(tensor, ()),
                                              key=lambda n: self.nx.nodes[n]["order"])]
 
+    def _rewire(self, nodes, edit):
+        """Apply `edit(node)` to the tensor names of `nodes`, keeping edges and order right."""
+        orders = {n.name: self.nx.nodes[n.name]["order"] for n in nodes}
+        for n in nodes:
+            self.remove_node(n.name, drop_outputs=False)
+        for n in nodes:
+            edit(n)
+        for n in sorted(nodes, key=lambda n: orders[n.name]):
+            self.add_node(n, orders[n.name])
+
     def replace_input(self, node: Node, old: str, new: str):
         """Make `node` read `new` wherever it read `old`."""
-        self.remove_node(node.name, drop_outputs=False)
-        node.inputs = [new if i == old else i for i in node.inputs]
-        self.add_node(node)
+        def edit(n):
+            n.inputs = [new if i == old else i for i in n.inputs]
+        self._rewire([node], edit)
 
     def replace_uses(self, old: str, new: str):
         """Redirect every consumer (and graph output) of tensor `old` to tensor `new`."""
         for c in self.consumers(old):
             self.replace_input(c, old, new)
         self.outputs = [new if o == old else o for o in self.outputs]
+
+    def rename_tensor(self, old: str, new: str):
+        """Give tensor `old` the name `new` everywhere (producer, consumers, graph outputs)."""
+        if new in self.tensors:
+            raise ModelcError(f"cannot rename {old!r} to {new!r}: the name is taken")
+        touched = [n for n in [self.producer(old)] + self.consumers(old) if n is not None]
+        t = self.tensors.pop(old)
+        t.name = new
+        self.tensors[new] = t
+        self.inputs = [new if i == old else i for i in self.inputs]
+        self.outputs = [new if o == old else o for o in self.outputs]
+
+        def edit(n):
+            n.inputs = [new if i == old else i for i in n.inputs]
+            n.outputs = [new if o == old else o for o in n.outputs]
+        self._rewire(touched, edit)
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.topo())

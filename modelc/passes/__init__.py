@@ -1,0 +1,39 @@
+"""Graph passes, each `Graph -> Graph`, and the pipeline that runs them in order."""
+from __future__ import annotations
+
+from ..ir import Graph
+from .canonicalize import canonicalize
+from .cse import eliminate_common_subexpressions
+from .dce import eliminate_dead_code
+from .dense import to_dense
+from .fold_batchnorm import fold_batchnorm
+from .fold_constants import fold_constants
+from .fuse import fuse
+from .patterns import recognise_patterns
+from .simplify import simplify
+
+# the order matters: folding first exposes constant shapes and weights to every later pass;
+# simplification removes identities that would hide patterns; fusion comes last
+PIPELINE = [
+    fold_constants,
+    simplify,
+    canonicalize,
+    fold_batchnorm,
+    recognise_patterns,
+    to_dense,
+    eliminate_common_subexpressions,
+    eliminate_dead_code,
+]
+
+
+def optimize(graph: Graph, fuse_ops: bool = True, verify: bool = False) -> Graph:
+    """Run the pass pipeline on a copy of `graph` (and fusion, unless `fuse_ops` is False)."""
+    graph = graph.copy()
+    for p in PIPELINE + ([fuse] if fuse_ops else []):
+        graph = p(graph)
+        if verify:
+            graph.verify()
+    return graph
+
+
+__all__ = ["PIPELINE", "optimize", "fuse"] + [p.__name__ for p in PIPELINE]

@@ -1,0 +1,57 @@
+"""Spell out defaulted attributes of convolutions and pools, so equal layers have equal keys.
+
+Exporters differ in what they write (TorchScript writes every Conv attribute, the dynamo exporter
+omits defaults, old models use auto_pad), so kernel_shape, strides, dilations, explicit pads and
+group are filled in here; auto_pad is resolved against the now-static shapes.
+"""
+from __future__ import annotations
+
+import math
+
+from ..ir import Graph
+
+_SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"}
+
+
+def _resolve_pads(node, in_spatial, kernel, strides, dilations):
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    n = len(in_spatial)
+    if auto in ("NOTSET", "", None):
+        return list(node.attrs.get("pads", [0] * (2 * n)))
+    if auto == "VALID":
+        return [0] * (2 * n)
+    begin, end = [], []
+    for x, k, s, d in zip(in_spatial, kernel, strides, dilations):
+        out = math.ceil(x / s)
+        total = max((out - 1) * s + (k - 1) * d + 1 - x, 0)
+        small, big = total // 2, total - total // 2
+        begin.append(small if auto == "SAME_UPPER" else big)
+        end.append(big if auto == "SAME_UPPER" else small)
+    return begin + end
+
+
+def canonicalize(graph: Graph) -> Graph:
+    for node in graph.topo():
+        if node.op_type not in _SPATIAL or node.op_type == "ConvTranspose":
+            continue
+        x = graph.tensors[node.inputs[0]].shape
+        spatial = x[2:]
+        n = len(spatial)
+        a = node.attrs
+        if node.op_type == "Conv":
+            kernel = list(graph.tensors[node.inputs[1]].shape[2:])
+            a["group"] = int(a.get("group", 1))
+        else:
+            kernel = list(a["kernel_shape"])
+            if node.op_type == "MaxPool":
+                a.setdefault("storage_order", 0)
+            if node.op_type == "AveragePool":
+                a["count_include_pad"] = int(a.get("count_include_pad", 0))
+            if node.op_type != "Conv":
+                a["ceil_mode"] = int(a.get("ceil_mode", 0))
+        a["kernel_shape"] = kernel
+        a["strides"] = list(a.get("strides", [1] * n))
+        a["dilations"] = list(a.get("dilations", [1] * n))
+        a["pads"] = _resolve_pads(node, spatial, kernel, a["strides"], a["dilations"])
+        a.pop("auto_pad", None)
+    return graph

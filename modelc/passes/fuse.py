@@ -1,0 +1,145 @@
+"""Operator fusion with TVM's pattern kinds; each group becomes one `Fused` node (one kernel).
+
+Rules, applied along single-consumer chains in topological order:
+- a conv, dense or matmul (out-elementwise-fusable) absorbs the elementwise and broadcast ops that
+  follow it and keep its output shape: bias, activation, residual add, clip, per-channel scale;
+- injective, elementwise and broadcast ops fuse together, and may end in one reduction;
+- a reduction absorbs the elementwise ops after it;
+- opaque ops stand alone.
+A Fused node holds its subgraph, so the reference executor can still run it. Weights and other
+tensors become the node's inputs; shape parameters and scalar constants stay inside the subgraph,
+because kernels are generated for them and they are part of the workload.
+"""
+from __future__ import annotations
+
+from .. import ops
+from ..ir import Graph, Node
+from ..ops import Kind
+from .util import only_consumer
+
+
+def _kind(node: Node) -> Kind:
+    return ops.get(node.op_type).kind
+
+
+def _grow(graph: Graph, group: list, allow) -> list:
+    """Extend `group` along its last node's single consumer while `allow(node, state)` holds."""
+    state = {"reduced": _kind(group[0]) == Kind.REDUCTION}
+    while True:
+        last = group[-1]
+        outs = [o for o in last.outputs if o]
+        if len(outs) != 1:
+            return group
+        nxt = only_consumer(graph, outs[0])
+        if nxt is None or nxt.subgraph is not None or len([o for o in nxt.outputs if o]) != 1:
+            return group
+        if not allow(nxt, state):
+            return group
+        group.append(nxt)
+
+
+def _anchor_allow(graph: Graph, shape):
+    def allow(node, state):
+        k = _kind(node)
+        return k <= Kind.BROADCAST and graph.tensors[node.outputs[0]].shape == shape
+    return allow
+
+
+def _chain_allow(node, state):
+    k = _kind(node)
+    if state["reduced"]:
+        return k <= Kind.BROADCAST
+    if k == Kind.REDUCTION:
+        state["reduced"] = True
+        return True
+    return k <= Kind.INJECTIVE
+
+
+def _is_param(graph: Graph, node: Node, index: int, name: str) -> bool:
+    """Constants a kernel is generated for (shapes, axes, scalars) rather than reads as data."""
+    t = graph.tensors[name]
+    return t.is_const and (t.size <= 1 or t.dtype.kind in "iub"
+                           or index in ops.get(node.op_type).param_inputs)
+
+
+def _pattern_name(graph: Graph, group: list) -> str:
+    first = group[0]
+    op = first.op_type
+    name = op.lower()
+    if op == "Conv":
+        w = graph.tensors[first.inputs[1]].shape
+        c_in = graph.tensors[first.inputs[0]].shape[1]
+        g = int(first.attrs.get("group", 1))
+        name = f"conv{len(w) - 2}d"
+        if g > 1:
+            name = ("depthwise_" if g == c_in and w[1] == 1 else "group_") + name
+    elif op == "MatMul":
+        name = "batch_matmul" if len(graph.tensors[first.outputs[0]].shape) > 2 else "matmul"
+    else:
+        name = {"MaxPool": "max_pool", "AveragePool": "avg_pool", "GlobalAveragePool": "global_avg_pool",
+                "GlobalMaxPool": "global_max_pool", "LayerNormalization": "layer_norm",
+                "ConvTranspose": "conv_transpose"}.get(op, name)
+    if op in ("Conv", "Dense", "ConvTranspose", "Gemm") and len(first.inputs) > 2 and first.inputs[2]:
+        name += "_bias"
+    return "_".join([name] + [n.op_type.lower() for n in group[1:]])
+
+
+def _make_fused(graph: Graph, group: list, index: int) -> Node:
+    names = {n.name for n in group}
+    produced = {o for n in group for o in n.outputs if o}
+    sub = Graph(f"fused_{index}")
+    sub.opset = graph.opset
+    inputs: list[str] = []
+    for n in group:
+        for i, t in enumerate(n.inputs):
+            if not t or t in produced or t in sub.tensors:
+                continue
+            if _is_param(graph, n, i, t):
+                sub.add_const(t, graph.tensors[t].value)
+            else:
+                src = graph.tensors[t]
+                sub.add_tensor(t, src.shape, src.dtype)
+                sub.inputs.append(t)
+                inputs.append(t)
+    for n in group:
+        for o in n.outputs:
+            if o:
+                src = graph.tensors[o]
+                sub.add_tensor(o, src.shape, src.dtype)
+        sub.add_node(Node(n.name, n.op_type, list(n.inputs), list(n.outputs), dict(n.attrs), n.onnx_name))
+    outputs = [o for n in group for o in n.outputs if o and (
+        o in graph.outputs or any(c.name not in names for c in graph.consumers(o)))]
+    sub.outputs = outputs
+    return Node(graph.fresh_name(f"fused_{index}_{group[0].name}"), "Fused", inputs, outputs,
+                {"pattern": _pattern_name(graph, group)}, group[0].onnx_name, subgraph=sub)
+
+
+def fuse(graph: Graph) -> Graph:
+    done: set = set()
+    groups = []
+    for node in graph.topo():
+        if node.name in done or node.subgraph is not None:
+            continue
+        k = _kind(node)
+        if k == Kind.OUT_ELEMWISE_FUSABLE and len([o for o in node.outputs if o]) == 1:
+            group = _grow(graph, [node], _anchor_allow(graph, graph.tensors[node.outputs[0]].shape))
+        elif k <= Kind.REDUCTION:
+            group = _grow(graph, [node], _chain_allow)
+        else:
+            group = [node]
+        done.update(n.name for n in group)
+        groups.append(group)
+    for index, group in enumerate(groups):
+        order = graph.nx.nodes[group[0].name]["order"]
+        fused = _make_fused(graph, group, index)
+        for n in group:
+            graph.remove_node(n.name, drop_outputs=False)
+        for n in group:
+            for o in n.outputs:
+                if o and o not in fused.outputs:
+                    graph.tensors.pop(o, None)
+        graph.add_node(fused, order)
+    for t in [t for t in graph.tensors.values()
+              if t.is_const and not graph.consumers(t.name) and t.name not in graph.outputs]:
+        del graph.tensors[t.name]
+    return graph

@@ -1,0 +1,64 @@
+"""Remove ops that compute nothing and give pure reshapes one canonical form.
+
+Identity, inference-mode Dropout, Cast to the same dtype, Expand to the same shape and Transpose
+by the identity permutation are dropped. Flatten, Squeeze and Unsqueeze are all row-major
+reshapes, so they become Reshape to a constant shape; chains of reshapes collapse to one, and a
+reshape to the same shape disappears.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, Node
+from .util import forward, only_consumer
+
+_RESHAPES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+
+
+def _is_noop(graph: Graph, node: Node) -> bool:
+    op = node.op_type
+    if op == "Identity":
+        return True
+    if op == "Dropout":
+        return len(node.outputs) < 2 or not node.outputs[1] or (
+            not graph.consumers(node.outputs[1]) and node.outputs[1] not in graph.outputs)
+    x, y = graph.tensors[node.inputs[0]], graph.tensors[node.outputs[0]]
+    if op in {"Cast", "CastLike", "Expand"} | _RESHAPES:
+        return x.shape == y.shape and x.dtype == y.dtype
+    if op == "Transpose":
+        perm = node.attrs.get("perm")
+        return perm is None and len(x.shape) <= 1 or perm is not None and list(perm) == sorted(perm)
+    return False
+
+
+def simplify(graph: Graph) -> Graph:
+    for node in graph.topo():
+        if node.name not in graph.nx:
+            continue
+        if _is_noop(graph, node):
+            forward(graph, node, node.inputs[0])
+            continue
+        if node.op_type in _RESHAPES:
+            _canonical_reshape(graph, node)
+    return graph
+
+
+def _canonical_reshape(graph: Graph, node: Node):
+    """Reshape(x, const) in place of any pure reshape, reading through a preceding reshape."""
+    out = graph.tensors[node.outputs[0]]
+    src = node.inputs[0]
+    p = graph.producer(src)
+    if p is not None and p.op_type == "Reshape" and only_consumer(graph, src) is node:
+        src = p.inputs[0]
+    if node.op_type == "Reshape" and src == node.inputs[0]:
+        return
+    shape = graph.add_const(graph.fresh_name(f"{node.name}_shape"), np.array(out.shape, np.int64))
+    new = Node(node.name, "Reshape", [src, shape], list(node.outputs), {}, node.onnx_name)
+    order = graph.nx.nodes[node.name]["order"]
+    graph.remove_node(node.name, drop_outputs=False)
+    graph.add_node(new, order)
+    if p is not None and src != p.outputs[0] and not graph.consumers(p.outputs[0]) \
+            and p.outputs[0] not in graph.outputs:
+        graph.remove_node(p.name)
+    if graph.tensors[src].shape == out.shape:
+        forward(graph, new, src)

@@ -1,0 +1,58 @@
+"""Small queries the rewrite passes share."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir import Graph, Node
+
+
+def only_consumer(graph: Graph, tensor: str) -> Node | None:
+    """The single node reading `tensor`, if exactly one does and it is not a graph output."""
+    if tensor in graph.outputs:
+        return None
+    cs = graph.consumers(tensor)
+    return cs[0] if len(cs) == 1 else None
+
+
+def scalar(graph: Graph, name: str) -> float | None:
+    """The value of a constant holding a single number, else None."""
+    v = graph.value(name) if name else None
+    if v is None or v.size != 1:
+        return None
+    return float(v.reshape(()))
+
+
+def is_scalar(graph: Graph, name: str, target: float, rtol: float = 1e-4) -> bool:
+    v = scalar(graph, name)
+    return v is not None and abs(v - target) <= rtol * max(abs(target), 1e-12)
+
+
+def other_input(node: Node, name: str) -> str | None:
+    """For a binary node reading `name`, the other input."""
+    if len(node.inputs) != 2 or name not in node.inputs:
+        return None
+    return node.inputs[1] if node.inputs[0] == name else node.inputs[0]
+
+
+def forward(graph: Graph, node: Node, src: str):
+    """Remove `node`, whose single output equals tensor `src`, rewiring its readers to `src`.
+
+    When the output is a graph output its name must survive: then `src` is renamed instead,
+    if `src` is an intermediate that nothing else needs under its own name.
+    """
+    out = node.outputs[0]
+    if out in graph.outputs:
+        p = graph.producer(src)
+        if p is None or src in graph.outputs or src in graph.inputs:
+            return False
+        graph.remove_node(node.name, drop_outputs=False)
+        del graph.tensors[out]
+        graph.rename_tensor(src, out)
+        return True
+    graph.replace_uses(out, src)
+    graph.remove_node(node.name)
+    return True
+
+
+def add_const_like(graph: Graph, hint: str, value) -> str:
+    return graph.add_const(graph.fresh_name(hint), np.asarray(value))

@@ -1,0 +1,197 @@
+"""Tuning tasks: the unique fused operators of a model, with their weights (occurrence counts).
+
+As in Ansor's `extract_tasks`, every fused group of the optimised graph is described by a workload:
+a canonical JSON of its op pattern, attributes, input/output shapes and dtypes, and the values of
+the small constants a kernel is generated for (shapes, axes, scalars) - never node names or weight
+values. Its hash is the workload key that tuning records are filed under, so it must be the same in
+another model, process, day or exporter for the same layer.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from ..ir import Graph, Node
+from ..ops.cost import node_macs
+
+KEY_VERSION = 1
+COMMUTATIVE = {"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"}
+
+# kernel template per anchor op; groups whose anchor is not here run a fixed default kernel
+TEMPLATES = {
+    "Conv": "conv2d", "Dense": "dense", "MatMul": "batch_matmul",
+    "MaxPool": "pool", "AveragePool": "pool", "GlobalAveragePool": "pool", "GlobalMaxPool": "pool",
+    "Softmax": "softmax", "LogSoftmax": "softmax", "LayerNormalization": "layernorm",
+    "ReduceMean": "reduce", "ReduceSum": "reduce", "ReduceMax": "reduce",
+}
+TUNABLE = {"conv2d", "dense", "batch_matmul"}
+
+
+@dataclass
+class Task:
+    key: str
+    desc: str
+    pattern: str
+    weight: int
+    flops: int                      # for one occurrence
+    template: str
+    tunable: bool
+    workload: dict = field(repr=False)
+    node: Node = field(repr=False, default=None)     # the first occurrence, for building kernels
+    graph: Graph = field(repr=False, default=None)   # the fused graph it was found in
+
+    def to_json(self) -> dict:
+        return {"key": self.key, "desc": self.desc, "pattern": self.pattern, "weight": self.weight,
+                "flops": self.flops, "template": self.template, "tunable": self.tunable,
+                "workload": self.workload}
+
+
+def _schema_default(op: str, name: str, opset: int):
+    try:
+        a = onnx.defs.get_schema(op, opset).attributes.get(name)
+    except Exception:
+        return None
+    if a is None or not a.HasField("default_value"):
+        return None
+    return _jsonable(onnx.helper.get_attribute_value(a.default_value))
+
+
+def _jsonable(v):
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, np.ndarray):
+        return {"dtype": v.dtype.name, "shape": list(v.shape), "value": _jsonable(v.tolist())}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (bool, np.bool_)):
+        return int(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(np.float32(v)) if np.isfinite(v) else repr(float(v))
+    return v
+
+
+def _canonical_attrs(node: Node, opset: int) -> dict:
+    out = {}
+    for k, v in sorted(node.attrs.items()):
+        jv = _jsonable(v)
+        if jv != _schema_default(node.op_type, k, opset):
+            out[k] = jv
+    return out
+
+
+def workload_of(graph: Graph, node: Node) -> dict:
+    """The canonical description of a Fused node (or of a single node, as its own group)."""
+    sub = node.subgraph
+    names: dict[str, str] = {}
+    inputs = []
+    for i, t in enumerate(node.inputs):
+        names[(sub.inputs[i] if sub is not None else t)] = f"i{i}"
+        src = graph.tensors[t]
+        inputs.append({"shape": list(src.shape), "dtype": src.dtype.name, "const": src.is_const})
+    nodes = sub.topo() if sub is not None else [node]
+    tensors = sub.tensors if sub is not None else graph.tensors
+    params = {}
+    body = []
+    for j, n in enumerate(nodes):
+        args = []
+        for t in n.inputs:
+            if not t:
+                args.append("")
+            elif t in names:
+                args.append(names[t])
+            else:                                   # a constant inlined into the kernel
+                p = f"p{len(params)}"
+                names[t] = p
+                params[p] = _jsonable(tensors[t].value)
+                args.append(p)
+        if n.op_type in COMMUTATIVE:
+            # the chain value first, then by name: Add(a, b) and Add(b, a) are one workload
+            args = sorted(args, key=lambda a: ({"v": 0, "i": 1, "p": 2}.get(a[:1], 3), a))
+        for k, o in enumerate(n.outputs):
+            if o:
+                names[o] = f"v{j}" if len(n.outputs) == 1 else f"v{j}.{k}"
+        body.append({"op": n.op_type, "attrs": _canonical_attrs(n, graph.opset or 21), "args": args})
+    outputs = [{"shape": list(graph.tensors[o].shape), "dtype": graph.tensors[o].dtype.name,
+                "value": names.get((sub.outputs[k] if sub is not None else o))}
+               for k, o in enumerate(node.outputs) if o]
+    return {"version": KEY_VERSION, "inputs": inputs, "ops": body, "params": params,
+            "outputs": outputs}
+
+
+def workload_key(workload: dict) -> str:
+    text = json.dumps(workload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def group_flops(graph: Graph, node: Node) -> int:
+    """2 x MACs for the compute ops, plus one operation per output element for the others."""
+    sub = node.subgraph
+    g = sub if sub is not None else graph
+    total = 0
+    for n in (sub.topo() if sub is not None else [node]):
+        macs = node_macs(g, n)
+        if macs:
+            total += 2 * macs
+        elif n.op_type not in ("Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze"):
+            total += sum(g.tensors[o].size for o in n.outputs if o)
+    return int(total)
+
+
+def _anchor(node: Node) -> Node:
+    return node.subgraph.topo()[0] if node.subgraph is not None else node
+
+
+def describe(graph: Graph, node: Node) -> str:
+    """A human-readable workload, e.g. `conv2d_bias_add_relu 1x64x56x56 k64 3x3 s1 p1`."""
+    a = _anchor(node)
+    g = node.subgraph if node.subgraph is not None else graph
+    pattern = node.attrs.get("pattern", a.op_type.lower())
+    dims = lambda s: "x".join(map(str, s))  # noqa: E731
+    x = g.tensors[a.inputs[0]].shape
+    if a.op_type == "Conv":
+        w = g.tensors[a.inputs[1]].shape
+        s = a.attrs.get("strides", [1])
+        p = a.attrs.get("pads", [0])
+        d = a.attrs.get("dilations", [1])
+        extra = f" g{a.attrs['group']}" if a.attrs.get("group", 1) > 1 else ""
+        extra += f" d{d[0]}" if max(d) > 1 else ""
+        sp = s[0] if len(set(s)) == 1 else dims(s)
+        pp = p[0] if len(set(p)) == 1 else dims(p)
+        return f"{pattern} {dims(x)} k{w[0]} {dims(w[2:])} s{sp} p{pp}{extra}"
+    if a.op_type == "Dense":
+        return f"{pattern} {dims(x)} n{g.tensors[a.inputs[1]].shape[1]}"
+    if a.op_type == "MatMul":
+        return f"{pattern} {dims(x)} @ {dims(g.tensors[a.inputs[1]].shape)}"
+    if a.op_type in ("MaxPool", "AveragePool"):
+        return f"{pattern} {dims(x)} {dims(a.attrs['kernel_shape'])} s{a.attrs['strides'][0]}"
+    out = graph.tensors[node.outputs[0]].shape
+    return f"{pattern} {dims(x)} -> {dims(out)}"
+
+
+def tasks_from_graph(graph: Graph) -> list[Task]:
+    """One Task per distinct workload of a fused graph, in order of first occurrence."""
+    by_key: dict[str, Task] = {}
+    for node in graph.topo():
+        wl = workload_of(graph, node)
+        key = workload_key(wl)
+        if key in by_key:
+            by_key[key].weight += 1
+            continue
+        template = TEMPLATES.get(_anchor(node).op_type, "default")
+        by_key[key] = Task(key, describe(graph, node), node.attrs.get("pattern", node.op_type.lower()),
+                           1, group_flops(graph, node), template, template in TUNABLE, wl, node, graph)
+    return list(by_key.values())
+
+
+def extract_tasks(model, shape: dict | None = None) -> list[Task]:
+    """The tuning tasks of a model (path, ModelProto or imported Graph), as Ansor extracts them."""
+    from ..frontend import from_onnx
+    from ..passes import optimize
+    graph = model if isinstance(model, Graph) else from_onnx(model, shape=shape)
+    return tasks_from_graph(optimize(graph))
