@@ -1,1 +1,145 @@
-"""(placeholder, filled in by its owner)"""
+"""Converters for the neural-network, linear-algebra and reduction ops of older opsets.
+
+Each rewrites an old form into the canonical (newest) one: axes attributes become constant
+inputs, Softmax's 2-D coercion (before opset 13) becomes Reshape + single-axis op + Reshape, and
+attributes that only matter for training are dropped. Forms that train are refused as unsupported.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedOpError
+from .converters import converter, passthrough
+
+
+def _unsupported(node, what: str):
+    return UnsupportedOpError({f"{node.op_type}({what})": [node.onnx_name or node.name]})
+
+
+def _emit_as(ctx, node, op_type, inputs, attrs):
+    """Emit the canonical `op_type` producing the node's own outputs."""
+    ctx.emit(op_type, inputs, outputs=list(node.outputs), attrs=attrs)
+
+
+# ---- Softmax / LogSoftmax / Hardmax before 13: flatten to 2-D at `axis` -----------------------
+
+def _coerced_softmax(ctx, node):
+    x = node.inputs[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    axis = int(node.attr("axis", 1))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis <= rank:
+        raise ShapeError(f"{node.where()}: axis {node.attr('axis')} is out of range for rank {rank}")
+    if axis == rank - 1 or rank == 0:
+        _emit_as(ctx, node, node.op_type, [x], {"axis": -1})
+        return
+    # axis == rank works too: rows of one element each
+    rows, cols = int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))
+    x2, = ctx.emit("Reshape", [x, ctx.const(np.array([rows, cols], np.int64), "shape")])
+    y2, = ctx.emit(node.op_type, [x2], attrs={"axis": -1})
+    ctx.emit("Reshape", [y2, ctx.const(np.array(shape, np.int64), "shape")],
+             outputs=[node.outputs[0]])
+
+
+for _op in ("Softmax", "LogSoftmax", "Hardmax"):
+    converter(_op, since=1)(_coerced_softmax)
+    converter(_op, since=13)(passthrough)
+
+
+# ---- Reduce*: axes attribute -> constant input ----------------------------------------------
+
+def _reduce_axes_attr(ctx, node):
+    attrs = dict(node.attrs)
+    axes = attrs.pop("axes", None)
+    inputs = [node.inputs[0]]
+    if axes is not None:
+        inputs.append(ctx.const(np.array(axes, np.int64).reshape(-1), "axes"))
+    _emit_as(ctx, node, node.op_type, inputs, attrs)
+
+
+_AXES_AS_INPUT = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18,
+                  "ReduceProd": 18, "ReduceL1": 18, "ReduceL2": 18, "ReduceLogSum": 18,
+                  "ReduceLogSumExp": 18, "ReduceSumSquare": 18}
+
+for _op, _since in _AXES_AS_INPUT.items():
+    converter(_op, since=1)(_reduce_axes_attr)
+    converter(_op, since=_since)(passthrough)
+
+
+# ---- BatchNormalization ----------------------------------------------------------------------
+
+@converter("BatchNormalization", since=1)
+def batch_normalization(ctx, node):
+    """Inference-only BatchNormalization from any opset.
+
+    Before opset 14 training is signalled by asking for the extra outputs (saved/running
+    statistics); from 14 by training_mode=1. spatial=0 (per-activation statistics, opsets < 9)
+    is rewritten into broadcasting elementwise ops.
+    """
+    if int(node.attr("training_mode", 0)):
+        raise _unsupported(node, "training_mode=1")
+    if any(node.outputs[1:]):
+        raise _unsupported(node, "training outputs")
+    x, scale, b, mean, var = node.inputs[:5]
+    eps = float(node.attr("epsilon", 1e-5))
+    if int(node.attr("spatial", 1)) == 0 and len(ctx.shape(scale)) != 1:
+        _per_activation_batchnorm(ctx, node, x, scale, b, mean, var, eps)
+        return
+    ctx.emit("BatchNormalization", [x, scale, b, mean, var], outputs=[node.outputs[0]],
+             attrs={"epsilon": eps})
+
+
+def _per_activation_batchnorm(ctx, node, x, scale, b, mean, var, eps):
+    """y = (x - mean) / sqrt(var + eps) * scale + b with (C, D1, ...) parameters broadcasting."""
+    dtype = ctx.dtype(x)
+    std, = ctx.emit("Sqrt", ctx.emit("Add", [var, ctx.const(np.array(eps, dtype), "eps")]))
+    centred, = ctx.emit("Sub", [x, mean])
+    normed, = ctx.emit("Div", [centred, std])
+    scaled, = ctx.emit("Mul", [normed, scale])
+    ctx.emit("Add", [scaled, b], outputs=[node.outputs[0]])
+
+
+# ---- Gemm before 7: `broadcast` attribute ----------------------------------------------------
+
+@converter("Gemm", since=1)
+def gemm_broadcast_attr(ctx, node):
+    attrs = {k: v for k, v in node.attrs.items() if k != "broadcast"}
+    _emit_as(ctx, node, "Gemm", node.inputs, attrs)
+
+
+converter("Gemm", since=7)(passthrough)
+
+
+# ---- InstanceNormalization-1: consumed_inputs ------------------------------------------------
+
+@converter("InstanceNormalization", since=1)
+def instance_normalization(ctx, node):
+    attrs = {k: v for k, v in node.attrs.items() if k != "consumed_inputs"}
+    _emit_as(ctx, node, "InstanceNormalization", node.inputs, attrs)
+
+
+converter("InstanceNormalization", since=6)(passthrough)
+
+
+# ---- GroupNormalization-18: scale and bias per group, not per channel ------------------------
+
+@converter("GroupNormalization", since=18)
+def group_normalization_per_group(ctx, node):
+    x, scale, b = node.inputs[:3]
+    groups = int(node.attr("num_groups"))
+    c = ctx.shape(x)[1]
+    if groups < 1 or c % groups:
+        raise ShapeError(f"{node.where()}: {c} channels do not split into {groups} groups")
+    per_channel = []
+    for t in (scale, b):
+        v = ctx.value(t)
+        if v is not None:
+            per_channel.append(ctx.const(np.repeat(v, c // groups), t))
+        else:
+            idx = ctx.const(np.arange(c, dtype=np.int64) // (c // groups), "group_of_channel")
+            per_channel.append(ctx.emit("Gather", [t, idx], attrs={"axis": 0})[0])
+    _emit_as(ctx, node, "GroupNormalization", [x, *per_channel], node.attrs)
+
+
+converter("GroupNormalization", since=21)(passthrough)
