@@ -64,6 +64,32 @@ def cmd_info(args):
         print(graph)
 
 
+def cmd_tasks(args):
+    import json
+    from .passes import optimize
+    from .tune.task import tasks_from_graph
+    fused = optimize(_import(args))
+    tasks = tasks_from_graph(fused)
+    if args.graph:
+        print(fused)
+        for node in fused.topo():
+            print(f"\n{node.name} [{node.attrs.get('pattern')}]")
+            print("\n".join("    " + line for line in str(node.subgraph).splitlines()[1:]))
+        print()
+    if args.json:
+        print(json.dumps([t.to_json() for t in tasks], indent=1))
+        return
+    total = sum(t.weight * t.flops for t in tasks) or 1
+    rows = sorted(enumerate(tasks), key=lambda it: -it[1].weight * it[1].flops)
+    print(f"{'#':>3}  {'task':<64}{'weight':>7}{'MFLOPs':>10}{'share':>8}  template")
+    for i, t in rows:
+        print(f"{i:>3}  {t.desc[:63]:<64}{t.weight:>7}{t.flops / 1e6:>10.2f}"
+              f"{100 * t.weight * t.flops / total:>7.1f}%  {t.template}{'' if t.tunable else ' (fixed)'}")
+    n_groups = sum(t.weight for t in tasks)
+    print(f"     {len(tasks)} tasks, {n_groups} fused groups, {sum(t.tunable for t in tasks)} tunable; "
+          f"total {total / 1e9:.3f} GFLOPs")
+
+
 def cmd_export(args):
     import models
     if args.name not in models.MODELS:
@@ -114,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = model_cmd("info", "inputs, outputs, op counts, parameters and MACs of a model")
     s.add_argument("--graph", action="store_true", help="also print the imported graph")
     s.set_defaults(fn=cmd_info)
+
+    s = model_cmd("tasks", "the model's tuning tasks: unique fused operators with weights and FLOPs")
+    s.add_argument("--json", action="store_true", help="print the tasks as JSON")
+    s.add_argument("--graph", action="store_true", help="also print the fused graph")
+    s.set_defaults(fn=cmd_tasks)
 
     s = model_cmd("reference", "run a model with the numpy reference executor")
     s.add_argument("--input", help=".npy file for the (single) input; default: seeded random")

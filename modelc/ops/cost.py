@@ -24,6 +24,9 @@ def node_macs(graph: Graph, node: Node) -> int:
         out = graph.tensors[node.outputs[0]].shape
         k = a[-1]
         return int(np.prod(out, dtype=np.int64)) * int(k)
+    if node.op_type == "Dense":                # x[..., K] @ w[K, N]
+        out = graph.tensors[node.outputs[0]].shape
+        return int(np.prod(out, dtype=np.int64)) * int(shape(1)[0])
     if node.op_type == "Gemm":
         a = shape(0)
         k = a[0] if node.attrs.get("transA", 0) else a[-1]

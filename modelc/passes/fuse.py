@@ -22,7 +22,7 @@ def _kind(node: Node) -> Kind:
     return ops.get(node.op_type).kind
 
 
-def _grow(graph: Graph, group: list, allow) -> list:
+def _grow(graph: Graph, group: list, allow, done: set) -> list:
     """Extend `group` along its last node's single consumer while `allow(node, state)` holds."""
     state = {"reduced": _kind(group[0]) == Kind.REDUCTION}
     while True:
@@ -31,7 +31,8 @@ def _grow(graph: Graph, group: list, allow) -> list:
         if len(outs) != 1:
             return group
         nxt = only_consumer(graph, outs[0])
-        if nxt is None or nxt.subgraph is not None or len([o for o in nxt.outputs if o]) != 1:
+        if nxt is None or nxt.name in done or nxt.subgraph is not None \
+                or len([o for o in nxt.outputs if o]) != 1:
             return group
         if not allow(nxt, state):
             return group
@@ -122,9 +123,10 @@ def fuse(graph: Graph) -> Graph:
             continue
         k = _kind(node)
         if k == Kind.OUT_ELEMWISE_FUSABLE and len([o for o in node.outputs if o]) == 1:
-            group = _grow(graph, [node], _anchor_allow(graph, graph.tensors[node.outputs[0]].shape))
+            group = _grow(graph, [node], _anchor_allow(graph, graph.tensors[node.outputs[0]].shape),
+                          done)
         elif k <= Kind.REDUCTION:
-            group = _grow(graph, [node], _chain_allow)
+            group = _grow(graph, [node], _chain_allow, done)
         else:
             group = [node]
         done.update(n.name for n in group)

@@ -46,11 +46,14 @@ def simplify(graph: Graph) -> Graph:
 def _canonical_reshape(graph: Graph, node: Node):
     """Reshape(x, const) in place of any pure reshape, reading through a preceding reshape."""
     out = graph.tensors[node.outputs[0]]
+    if node.op_type == "Reshape" and graph.value(node.inputs[1]) is None:
+        return
     src = node.inputs[0]
     p = graph.producer(src)
     if p is not None and p.op_type == "Reshape" and only_consumer(graph, src) is node:
         src = p.inputs[0]
-    if node.op_type == "Reshape" and src == node.inputs[0]:
+    if node.op_type == "Reshape" and src == node.inputs[0] and not node.attrs \
+            and tuple(graph.value(node.inputs[1]).tolist()) == out.shape:
         return
     shape = graph.add_const(graph.fresh_name(f"{node.name}_shape"), np.array(out.shape, np.int64))
     new = Node(node.name, "Reshape", [src, shape], list(node.outputs), {}, node.onnx_name)

@@ -8,6 +8,7 @@ another model, process, day or exporter for the same layer.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -50,14 +51,16 @@ class Task:
                 "workload": self.workload}
 
 
-def _schema_default(op: str, name: str, opset: int):
+@functools.lru_cache(maxsize=None)
+def _schema_default(op: str, name: str):
+    """The default ONNX declares for an attribute (in the newest schema, our canonical form)."""
     try:
-        a = onnx.defs.get_schema(op, opset).attributes.get(name)
+        a = onnx.defs.get_schema(op).attributes.get(name)
     except Exception:
         return None
-    if a is None or not a.HasField("default_value"):
+    if a is None or a.default_value.type == onnx.AttributeProto.UNDEFINED:
         return None
-    return _jsonable(onnx.helper.get_attribute_value(a.default_value))
+    return json.dumps(_jsonable(onnx.helper.get_attribute_value(a.default_value)))
 
 
 def _jsonable(v):
@@ -76,11 +79,11 @@ def _jsonable(v):
     return v
 
 
-def _canonical_attrs(node: Node, opset: int) -> dict:
+def _canonical_attrs(node: Node) -> dict:
     out = {}
     for k, v in sorted(node.attrs.items()):
         jv = _jsonable(v)
-        if jv != _schema_default(node.op_type, k, opset):
+        if json.dumps(jv) != _schema_default(node.op_type, k):
             out[k] = jv
     return out
 
@@ -116,7 +119,7 @@ def workload_of(graph: Graph, node: Node) -> dict:
         for k, o in enumerate(n.outputs):
             if o:
                 names[o] = f"v{j}" if len(n.outputs) == 1 else f"v{j}.{k}"
-        body.append({"op": n.op_type, "attrs": _canonical_attrs(n, graph.opset or 21), "args": args})
+        body.append({"op": n.op_type, "attrs": _canonical_attrs(n), "args": args})
     outputs = [{"shape": list(graph.tensors[o].shape), "dtype": graph.tensors[o].dtype.name,
                 "value": names.get((sub.outputs[k] if sub is not None else o))}
                for k, o in enumerate(node.outputs) if o]

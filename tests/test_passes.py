@@ -1,0 +1,168 @@
+"""Graph passes: each keeps the graph valid and the reference outputs unchanged."""
+import math
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import models
+import modelc
+from modelc import passes, reference
+from modelc.passes import fuse
+
+
+def _vi(name, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _const(name, arr):
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def _feeds(graph, seed=0):
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(graph.tensors[n].shape).astype(graph.tensors[n].dtype)
+            for n in graph.inputs}
+
+
+def _assert_close(got, want):
+    for k in want:
+        scale = max(float(np.abs(want[k]).max()), 1e-6)
+        assert np.abs(got[k] - want[k]).max() <= 1e-4 * scale, k
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_every_pass_preserves_outputs(name):
+    graph = modelc.from_onnx(models.cached_path(name), shape=None, default_batch=1)
+    feeds = _feeds(graph)
+    want = reference.run(graph, feeds)
+    g = graph.copy()
+    for p in passes.PIPELINE + [fuse]:
+        g = p(g)
+        g.verify()
+        _assert_close(reference.run(g, feeds), want)
+    assert all(n.op_type == "Fused" for n in g.topo())
+
+
+def test_shape_chain_folds_to_a_constant_reshape():
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "ax0"], ["nu"]),
+             helper.make_node("Concat", ["nu", "minus1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    inits = [_const("zero", np.array(0, np.int64)), _const("ax0", np.array([0], np.int64)),
+             _const("minus1", np.array([-1], np.int64))]
+    g = modelc.from_onnx(_model(nodes, [_vi("x", ["N", 3, 4])], [_vi("y", ["N", 12])], inits),
+                         shape={"x": (2, 3, 4)})
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert [n.op_type for n in opt.topo()] == ["Reshape"]
+    assert opt.value(opt.topo()[0].inputs[1]).tolist() == [2, 12]
+
+
+def _conv_bn_model():
+    rng = np.random.default_rng(1)
+    inits = [_const("w", rng.standard_normal((8, 3, 3, 3)).astype(np.float32)),
+             _const("gamma", rng.uniform(0.5, 1.5, 8).astype(np.float32)),
+             _const("beta", rng.standard_normal(8).astype(np.float32)),
+             _const("mean", rng.standard_normal(8).astype(np.float32)),
+             _const("var", rng.uniform(0.5, 2, 8).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["b"]),
+             helper.make_node("Relu", ["b"], ["r"]),
+             helper.make_node("BatchNormalization", ["r", "gamma", "beta", "mean", "var"], ["y"])]
+    return _model(nodes, [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 8, 8, 8])], inits)
+
+
+def test_batchnorm_folds_into_conv_and_lone_bn_becomes_scale_shift():
+    g = modelc.from_onnx(_conv_bn_model())
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert [n.op_type for n in opt.topo()] == ["Conv", "Relu", "Mul", "Add"]
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+    fused = passes.optimize(g)
+    assert [n.attrs["pattern"] for n in fused.topo()] == ["conv2d_bias_relu_mul_add"]
+
+
+def test_gemm_and_matmul_add_become_dense():
+    rng = np.random.default_rng(2)
+    inits = [_const("w", rng.standard_normal((16, 8)).astype(np.float32)),
+             _const("c", rng.standard_normal(16).astype(np.float32)),
+             _const("w2", rng.standard_normal((16, 4)).astype(np.float32)),
+             _const("b2", rng.standard_normal(4).astype(np.float32))]
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["h"], transB=1, alpha=0.5, beta=2.0),
+             helper.make_node("MatMul", ["h", "w2"], ["m"]),
+             helper.make_node("Add", ["b2", "m"], ["y"])]
+    g = modelc.from_onnx(_model(nodes, [_vi("x", [3, 8])], [_vi("y", [3, 4])], inits))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert [n.op_type for n in opt.topo()] == ["Dense", "Dense"]
+    assert all(len(n.inputs) == 3 for n in opt.topo())
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+
+
+def _layernorm_nodes(x, out, use_pow=True):
+    sq = helper.make_node("Pow", ["d", "two"], ["sq"]) if use_pow else helper.make_node("Mul", ["d", "d"], ["sq"])
+    return [helper.make_node("ReduceMean", [x, "axes"], ["mu"], keepdims=1),
+            helper.make_node("Sub", [x, "mu"], ["d"]), sq,
+            helper.make_node("ReduceMean", ["sq", "axes"], ["var"], keepdims=1),
+            helper.make_node("Add", ["var", "eps"], ["ve"]),
+            helper.make_node("Sqrt", ["ve"], ["std"]),
+            helper.make_node("Div", ["d", "std"], ["n"]),
+            helper.make_node("Mul", ["n", "gamma"], ["ng"]),
+            helper.make_node("Add", ["ng", "beta"], [out])]
+
+
+@pytest.mark.parametrize("use_pow", [True, False])
+def test_decomposed_layernorm_is_recognised(use_pow):
+    rng = np.random.default_rng(3)
+    inits = [_const("axes", np.array([-1], np.int64)), _const("two", np.array(2.0, np.float32)),
+             _const("eps", np.array(1e-5, np.float32)),
+             _const("gamma", rng.standard_normal(16).astype(np.float32)),
+             _const("beta", rng.standard_normal(16).astype(np.float32))]
+    g = modelc.from_onnx(_model(_layernorm_nodes("x", "y", use_pow), [_vi("x", [2, 5, 16])],
+                                [_vi("y", [2, 5, 16])], inits, opset=18))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert [n.op_type for n in opt.topo()] == ["LayerNormalization"]
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+
+
+@pytest.mark.parametrize("form", ["x_half_then_mul", "mul_then_half", "half_of_sum_then_x"])
+def test_gelu_decompositions_are_recognised(form):
+    inits = [_const("sqrt2", np.array(math.sqrt(2), np.float32)), _const("one", np.array(1.0, np.float32)),
+             _const("half", np.array(0.5, np.float32))]
+    head = [helper.make_node("Div", ["x", "sqrt2"], ["s"]), helper.make_node("Erf", ["s"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["a"])]
+    tail = {"x_half_then_mul": [helper.make_node("Mul", ["x", "half"], ["h"]),
+                                helper.make_node("Mul", ["h", "a"], ["y"])],
+            "mul_then_half": [helper.make_node("Mul", ["x", "a"], ["m"]),
+                              helper.make_node("Mul", ["m", "half"], ["y"])],
+            "half_of_sum_then_x": [helper.make_node("Mul", ["a", "half"], ["m"]),
+                                   helper.make_node("Mul", ["x", "m"], ["y"])]}[form]
+    g = modelc.from_onnx(_model(head + tail, [_vi("x", [4, 32])], [_vi("y", [4, 32])], inits))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert [n.op_type for n in opt.topo()] == ["Gelu"]
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+
+
+def test_cse_and_dce():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["x"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"]), helper.make_node("Exp", ["x"], ["dead"])]
+    g = modelc.from_onnx(_model(nodes, [_vi("x", [4])], [_vi("y", [4])]))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert [n.op_type for n in opt.topo()] == ["Relu", "Add"]
+    x = np.array([-1, 0, 1, 2], np.float32)
+    np.testing.assert_array_equal(reference.run(opt, {"x": x})["y"], 2 * np.maximum(x, 0))
+
+
+def test_identity_before_graph_output_keeps_the_output_name():
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Identity", ["a"], ["y"])]
+    g = modelc.from_onnx(_model(nodes, [_vi("x", [4])], [_vi("y", [4])]))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert opt.outputs == ["y"] and [n.op_type for n in opt.topo()] == ["Relu"]
