@@ -173,7 +173,7 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     else:
         # im2col per group, then one batched matmul
         perm = (0, 1, 2, *range(3 + nd, 3 + 2 * nd), *range(3, 3 + nd))
-        cols = win.transpose(perm).reshape(n, group, cg * taps, -1)
+        cols = win.transpose(perm).reshape(n, group, cg * taps, int(np.prod(geo.out)))
         y = np.matmul(wg.reshape(group, mg, cg * taps), cols)        # (N, g, Mg, P)
     y = y.reshape(n, m, *geo.out)
     if b is not None:
@@ -202,12 +202,16 @@ def _convt_geometry(xs, ws, group, auto_pad, dilations, kernel_shape, output_pad
     if output_shape is not None and len(output_shape):
         out = tuple(int(o) for o in output_shape)[-nd:]
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        out = tuple(n * s for n, s in zip(in_sp, strides))
+        # in * stride, except that padding cannot be negative (as onnxruntime and ONNX's shape
+        # inference have it): a kernel smaller than the stride gives the full output instead
+        out = tuple(min(n * s, f) for n, s, f in zip(in_sp, strides, full))
     else:
         out = None
     if out is not None:
         totals = [f - o for f, o in zip(full, out)]
-        begin = tuple(t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals)
+        # a larger output than the full one is zero-extended at the end
+        begin = tuple(0 if t < 0 else t // 2 if auto_pad == "SAME_UPPER" else t - t // 2
+                      for t in totals)
     else:
         p = _ints(pads if auto_pad == "NOTSET" else None, 2 * nd, 0, "pads")
         begin = p[:nd]
@@ -246,7 +250,7 @@ def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, 
     taps = int(np.prod(geo.kernel))
     # every input pixel times the kernel: (N, g, Mg * taps, P)
     wt = w.astype(ct, copy=False).reshape(group, cg, mg * taps).transpose(0, 2, 1)
-    cols = np.matmul(wt, x.astype(ct, copy=False).reshape(n, group, cg, -1))
+    cols = np.matmul(wt, x.astype(ct, copy=False).reshape(n, group, cg, int(np.prod(in_sp))))
     cols = cols.reshape(n, group * mg, *geo.kernel, *in_sp)
     # scatter-add each tap into a buffer covering the full (uncropped) output
     shift = [max(0, -b) for b in geo.begin]
@@ -293,15 +297,18 @@ def max_pool(x, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=
     geo = _geometry(tuple(x.shape[2:]), kernel_shape, strides, dilations, pads, auto_pad, ceil_mode)
     nd = len(geo.out)
     win = _windows(_pad(x, geo, _lowest(x.dtype)), geo)
-    kaxes = tuple(range(-nd, 0))
-    y = win.max(axis=kaxes)
-    # indices into the unpadded input, flattened per ONNX (storage_order 1: column-major spatial)
-    flat = win.reshape(*win.shape[:2 + nd], -1)
-    arg = np.argmax(flat, axis=-1)
-    taps = np.unravel_index(arg, geo.kernel)
+    taps = list(itertools.product(*(range(k) for k in geo.kernel)))
+    y = win[(Ellipsis, *taps[0])].copy()
+    for tap in taps[1:]:
+        np.maximum(y, win[(Ellipsis, *tap)], out=y)
+    # the first tap (row-major) holding the max: walk the taps backwards, the last write wins
+    best = np.zeros(y.shape, np.int16 if len(taps) < 2 ** 15 else np.int64)
+    for t in range(len(taps) - 1, -1, -1):
+        np.copyto(best, t, where=win[(Ellipsis, *taps[t])] == y)
+    taps = np.unravel_index(best, geo.kernel)
     n, c = x.shape[:2]
     spatial = x.shape[2:]
-    index = np.zeros(arg.shape, np.int64)
+    index = np.zeros(best.shape, np.int64)
     order = range(nd) if storage_order == 0 else reversed(range(nd))
     for i in order:
         o = np.arange(geo.out[i]).reshape((-1,) + (1,) * (nd - 1 - i))

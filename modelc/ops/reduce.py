@@ -43,9 +43,10 @@ def _reduction(name, pre, fold, post=None, empty=None):
     """Register reduction `name`: post(fold(pre(x), axes)), cast back to the input dtype."""
     @register(name, Kind.REDUCTION, infer=_reduce_infer, param_inputs=(1,))
     def ref(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
+        # empty axes with noop_with_empty_axes: no reduction, but the elementwise parts still
+        # apply (ReduceL1 gives |x|), as in onnxruntime and ONNX's reference
         ax = _axes(axes, data.ndim, noop_with_empty_axes)
-        if ax is None:
-            return data
+        ax = () if ax is None else ax
         acc = _accumulator(data.dtype)
         v = pre(data.astype(acc) if acc is not None else data)
         if empty is not None and any(data.shape[a] == 0 for a in ax):
