@@ -15,7 +15,7 @@ import numpy as np
 from onnx import helper
 
 from ..errors import UnsupportedOpError
-from .registry import Kind, broadcast_shape, register
+from .registry import Kind, register
 
 
 class NotConstant(ValueError):
@@ -264,7 +264,10 @@ def constant_of_shape(shape, *, value=None):
 
 
 def _expand_shape(in_shape, target):
-    return broadcast_shape(in_shape, tuple(_ints(target)), where="Expand")
+    try:
+        return tuple(np.broadcast_shapes(tuple(in_shape), tuple(_ints(target))))
+    except ValueError:
+        raise ValueError(f"shape {list(in_shape)} cannot expand to {_ints(target)}") from None
 
 
 @register("Expand", Kind.INJECTIVE, param_inputs=(1,),
