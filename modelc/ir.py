@@ -24,6 +24,7 @@ class Tensor:
     shape: tuple | None = None          # static shape; None while not yet inferred
     dtype: np.dtype | None = None
     value: np.ndarray | None = None     # set for constants (initializers, folded values)
+    layout: tuple | None = None         # (block, halo) for NCHW[block]c buffers; None = plain
 
     @property
     def is_const(self) -> bool:
@@ -36,7 +37,8 @@ class Tensor:
     def __repr__(self):
         dt = np.dtype(self.dtype).name if self.dtype is not None else "?"
         shp = "x".join(map(str, self.shape)) if self.shape is not None else "?"
-        return f"{self.name}:{dt}[{shp}]{'=const' if self.is_const else ''}"
+        lay = f"@c{self.layout[0]}h{self.layout[1]}" if self.layout else ""
+        return f"{self.name}:{dt}[{shp}]{lay}{'=const' if self.is_const else ''}"
 
 
 @dataclass

@@ -59,7 +59,7 @@ def _chain_allow(node, state):
 def _is_param(graph: Graph, node: Node, index: int, name: str) -> bool:
     """Constants a kernel is generated for (shapes, axes, scalars) rather than reads as data."""
     t = graph.tensors[name]
-    return t.is_const and (t.size <= 1 or t.dtype.kind in "iub"
+    return t.is_const and (t.size <= 1 or (t.dtype.kind in "iub" and t.size <= 64)
                            or index in ops.get(node.op_type).param_inputs)
 
 

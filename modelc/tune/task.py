@@ -97,6 +97,8 @@ def workload_of(graph: Graph, node: Node) -> dict:
         names[(sub.inputs[i] if sub is not None else t)] = f"i{i}"
         src = graph.tensors[t]
         inputs.append({"shape": list(src.shape), "dtype": src.dtype.name, "const": src.is_const})
+        if src.layout:
+            inputs[-1]["layout"] = list(src.layout)
     nodes = sub.topo() if sub is not None else [node]
     tensors = sub.tensors if sub is not None else graph.tensors
     params = {}
@@ -120,9 +122,14 @@ def workload_of(graph: Graph, node: Node) -> dict:
             if o:
                 names[o] = f"v{j}" if len(n.outputs) == 1 else f"v{j}.{k}"
         body.append({"op": n.op_type, "attrs": _canonical_attrs(n), "args": args})
-    outputs = [{"shape": list(graph.tensors[o].shape), "dtype": graph.tensors[o].dtype.name,
-                "value": names.get((sub.outputs[k] if sub is not None else o))}
-               for k, o in enumerate(node.outputs) if o]
+    outputs = []
+    for k, o in enumerate(node.outputs):
+        if o:
+            t = graph.tensors[o]
+            outputs.append({"shape": list(t.shape), "dtype": t.dtype.name,
+                            "value": names.get((sub.outputs[k] if sub is not None else o))})
+            if t.layout:
+                outputs[-1]["layout"] = list(t.layout)
     return {"version": KEY_VERSION, "inputs": inputs, "ops": body, "params": params,
             "outputs": outputs}
 

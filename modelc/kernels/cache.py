@@ -1,0 +1,112 @@
+"""The on-disk kernel cache: generated source -> file -> numba-compiled function, compiled once.
+
+A kernel's file name is a hash of its source, numba's version and the CPU (name and features), so
+numba's own cache (`cache=True`, which needs a real file) holds the machine code next to it and a
+kernel is never compiled twice, across processes and runs. Cold kernels compile in parallel
+worker processes (spawned, so they start clean); the parent then only loads them.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import glob
+import hashlib
+import importlib.util
+import multiprocessing
+import os
+import sys
+import tempfile
+
+from . import _prefer_wide_vectors  # noqa: F401  (numba must start with our CPU features)
+import numba  # noqa: E402
+
+from ..errors import ModelcError  # noqa: E402
+
+_loaded: dict[str, object] = {}
+
+
+def cache_root() -> str:
+    return os.environ.get("MODELC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "modelc")
+
+
+def kernel_dir() -> str:
+    d = os.path.join(cache_root(), "kernels")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def target_tag() -> str:
+    """What compiled code depends on besides its source."""
+    import llvmlite.binding as llvm
+    cpu = numba.config.CPU_NAME or llvm.get_host_cpu_name()
+    features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    return f"numba {numba.__version__} py{sys.version_info[0]}{sys.version_info[1]} {cpu} {features}"
+
+
+def source_path(source: str) -> str:
+    digest = hashlib.sha256((target_tag() + "\n" + source).encode()).hexdigest()[:24]
+    return os.path.join(kernel_dir(), f"k_{digest}.py")
+
+
+def is_compiled(path: str) -> bool:
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return bool(glob.glob(os.path.join(os.path.dirname(path), "__pycache__", f"{stem}.*.nbi")))
+
+
+def _write(path: str, source: str):
+    if os.path.exists(path):
+        return
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    os.replace(tmp, path)
+
+
+def _import(path: str, entry: str):
+    key = f"{path}:{entry}"
+    if key in _loaded:
+        return _loaded[key]
+    name = "modelc_kernel_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as e:
+        raise ModelcError(f"kernel {os.path.basename(path)} failed to compile: "
+                          f"{type(e).__name__}: {str(e)[:2000]}") from e
+    fn = getattr(mod, entry)
+    _loaded[key] = fn
+    return fn
+
+
+def load(source: str, entry: str = "kernel"):
+    """The compiled function `entry` of generated `source` (compiling it if not cached)."""
+    path = source_path(source)
+    _write(path, source)
+    return _import(path, entry)
+
+
+def _worker_compile(path: str, entry: str):
+    _import(path, entry)
+    return path
+
+
+def compile_all(sources: list[str], entry: str = "kernel", jobs: int | None = None,
+                progress=None) -> list:
+    """Load many kernels, compiling the cold ones in parallel worker processes first."""
+    paths = [source_path(s) for s in sources]
+    for p, s in zip(paths, sources):
+        _write(p, s)
+    cold = sorted({p for p in paths if not is_compiled(p) and f"{p}:{entry}" not in _loaded})
+    jobs = jobs or min(len(cold), os.cpu_count() or 1)
+    if len(cold) > 1 and jobs > 1:
+        ctx = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            futures = [pool.submit(_worker_compile, p, entry) for p in cold]
+            for f in cf.as_completed(futures):
+                try:
+                    f.result()
+                except Exception:
+                    pass    # compiled again below in this process, where the error is reported
+                if progress is not None:
+                    progress()
+    return [_import(p, entry) for p in paths]

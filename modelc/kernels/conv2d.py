@@ -1,0 +1,184 @@
+"""Direct 2-d convolution in the channel-blocked layout, with a register-tiled output.
+
+Input [N, C/cb, H+2h, W+2h, cb] (its zero halo is the padding), weights packed once at compile
+time as [K/KT, C/cb, KH, KW, cb, KT], output [N, K/KB, OH+2h', OW+2h', KB]. One parallel loop runs
+over (image, output-channel tile, output row, output-column tile); the register tile is OWT output
+pixels x KT output channels (KT = m x KB, m consecutive output blocks). For each input channel the
+kernel loads OWT input scalars and runs one KT-wide loop of multiply-adds: the rows of the tile are
+written out in the source and every index is unsigned, which is what let LLVM vectorise this
+kernel (shared/PERFORMANCE.md). The fused epilogue (bias, activation, residual add ...) is
+applied to the tile before it is stored. A last tile that would run past the row is shifted left
+to end at the row's end (it recomputes a few pixels rather than branching in the inner loop).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .expr import SUPPORTED
+from .layout import offset
+from .space import ConfigSpace
+from .template import Kernel, Template, epilogue, epilogue_inputs, register, source
+from .workload import Workload
+
+OWT_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 28]
+MAX_TILE_VECTORS = 28        # accumulators that fit in AVX-512's 32 vector registers
+
+
+def _geometry(wl: Workload):
+    conv = wl.anchor
+    x, w = wl.inputs[int(conv.args[0][1:])], wl.inputs[int(conv.args[1][1:])]
+    out = wl.outputs[0]
+    n, c, h, wd = x.shape
+    k, _, kh, kw = w.shape
+    oh, ow = out.shape[2], out.shape[3]
+    return dict(N=n, C=c, H=h, W=wd, K=k, KH=kh, KW=kw, OH=oh, OW=ow,
+                s=conv.attrs["strides"], d=conv.attrs["dilations"], p=conv.attrs["pads"],
+                cb=x.layout[0], hin=x.layout[1], KB=out.layout[0], hout=out.layout[1])
+
+
+@register
+class Conv2d(Template):
+    name = "conv2d"
+
+    def matches(self, wl: Workload) -> bool:
+        a = wl.anchor
+        if a.op != "Conv" or len(wl.outputs) != 1 or wl.outputs[0].layout is None:
+            return False
+        x = wl.spec(a.args[0])
+        if len(x.shape) != 4 or x.layout is None or int(a.attrs.get("group", 1)) != 1:
+            return False
+        if not a.args[1].startswith("i") or not wl.spec(a.args[1]).const:
+            return False
+        if len(a.args) > 2 and a.args[2] and not (a.args[2].startswith("i") and wl.spec(a.args[2]).const):
+            return False
+        if x.dtype != np.float32 or wl.outputs[0].shape != wl.spec(f"v{wl.ops[-1].index}").shape:
+            return False
+        pads = a.attrs["pads"]
+        if max(pads) > x.layout[1]:
+            return False
+        if wl.outputs[0].shape[1] % wl.outputs[0].layout[0]:
+            return False
+        return all(op.op in SUPPORTED for op in wl.epilogue)
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        g = _geometry(wl)
+        sp = ConfigSpace()
+        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g["OW"]] or [g["OW"]])
+        blocks = g["K"] // g["KB"]
+        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 4) if blocks % m == 0 and m * g["KB"] <= 64])
+        sp.define_reorder("reduction_order", ["c", "kh", "kw"],
+                          candidates=[["c", "kh", "kw"], ["kh", "kw", "c"]])
+        sp.define_annotate("unroll_kw", [False, True])
+        kb = g["KB"]
+        sp.constraint = lambda cfg: cfg["tile_ow"] * cfg["tile_oc_blocks"] * max(kb // 16, 1) \
+            <= MAX_TILE_VECTORS
+        return sp
+
+    def default_config(self, wl: Workload, space: ConfigSpace):
+        """A register tile of about 14 vectors, preferring tiles that divide the output row."""
+        g = _geometry(wl)
+        ow = g["OW"]
+        owts = space.knobs[0].values
+
+        def waste(t):
+            return (-(-ow // t) * t - ow) / ow
+
+        best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - 14), -t))
+        return space.from_values({"tile_ow": best, "tile_oc_blocks": 1,
+                                  "reduction_order": ["c", "kh", "kw"], "unroll_kw": False})
+
+    def build(self, wl: Workload, cfg) -> Kernel:
+        g = _geometry(wl)
+        conv = wl.anchor
+        OWT, m = cfg["tile_ow"], cfg["tile_oc_blocks"]
+        KB, cb = g["KB"], g["cb"]
+        KT = KB * m
+        KO = g["K"] // KT
+        CBLK = g["C"] // cb
+        OH, OW, KH, KW = g["OH"], g["OW"], g["KH"], g["KW"]
+        sh, sw = g["s"]
+        dh, dw = g["d"]
+        ph, pw = g["p"][0], g["p"][1]
+        hin = g["hin"]
+        NT = -(-OW // OWT)
+        xs = (g["N"], CBLK, g["H"] + 2 * hin, g["W"] + 2 * hin, cb)
+        x_n, x_c, x_h = xs[1] * xs[2] * xs[3] * cb, xs[2] * xs[3] * cb, xs[3] * cb
+        x_arg = int(conv.args[0][1:])
+        X = f"in{x_arg}"
+        has_bias = len(conv.args) > 2 and bool(conv.args[2])
+
+        body = [f"for it in prange({g['N'] * KO * OH * NT}):",
+                f"    t = it % {NT}",
+                f"    rest = it // {NT}",
+                f"    oh = rest % {OH}",
+                f"    rest = rest // {OH}",
+                f"    ko = rest % {KO}",
+                f"    n = rest // {KO}",
+                f"    ow0 = min(t * {OWT}, {OW - OWT})",
+                f"    acc = carray(stack_empty({OWT * KT}, np.float32), {OWT * KT})",
+                f"    for q in range({OWT * KT}):",
+                "        acc[q] = np.float32(0.0)"]
+
+        def inner(ind, kw_expr):
+            pre = " " * ind
+            lines = [f"{pre}xb = np.uintp(xrow + (ow0 * {sw} + {kw_expr} * {dw} + {hin - pw}) * {cb})",
+                     f"{pre}wb = np.uintp(((((ko * {CBLK} + cb) * {KH} + kh) * {KW} + {kw_expr}) * {cb}) * {KT})",
+                     f"{pre}for c in range({cb}):"]
+            for r in range(OWT):
+                lines.append(f"{pre}    x{r} = {X}[xb + np.uintp({r * sw * cb} + c)]")
+            lines += [f"{pre}    wo = wb + np.uintp(c * {KT})",
+                      f"{pre}    for j in range({KT}):",
+                      f"{pre}        wv = w[wo + np.uintp(j)]"]
+            for r in range(OWT):
+                lines.append(f"{pre}        acc[{r * KT} + j] += x{r} * wv")
+            return lines
+
+        def row(ind):
+            pre = " " * ind
+            return [f"{pre}ih = oh * {sh} + kh * {dh} + {hin - ph}",
+                    f"{pre}xrow = n * {x_n} + cb * {x_c} + ih * {x_h}"]
+
+        def kw_loop(ind):
+            if cfg["unroll_kw"]:
+                return [ln for kw in range(KW) for ln in inner(ind, str(kw))]
+            return [" " * ind + f"for kw in range({KW}):"] + inner(ind + 4, "kw")
+
+        if cfg["reduction_order"][0] == "c":
+            body += [f"    for cb in range({CBLK}):", f"        for kh in range({KH}):"]
+            body += row(12) + kw_loop(12)
+        else:
+            body += [f"    for kh in range({KH}):", f"        for cb in range({CBLK}):"]
+            body += row(12) + kw_loop(12)
+
+        # epilogue and store: channel k = (ko * m + blk) * KB + jj
+        out = wl.outputs[0]
+        ops = wl.epilogue
+        for r in range(OWT):
+            for blk in range(m):
+                body += [f"    for jj in range({KB}):"]
+                v = f"acc[{r * KT + blk * KB} + jj]"
+                cblk = f"ko * {m} + {blk}" if m > 1 else "ko"
+                chan = (cblk, "jj", KB)
+                if has_bias:
+                    v = f"({v} + bias[({cblk}) * {KB} + jj])"
+                idx = ["n", chan, "oh", f"ow0 + {r}"]
+                lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}", var=f"e{r}_")
+                body += ["        " + ln for ln in lines]
+                body += [f"        out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
+
+        args = ["out0", X, "w"] + (["bias"] if has_bias else [])
+        args += [f"in{k}" for k in epilogue_inputs(ops) if k != x_arg]
+        dtypes = [np.float32] * 3 + [np.float32] * has_bias + \
+            [wl.inputs[int(a[2:])].dtype for a in args[3 + has_bias:]]
+        w_arg = int(conv.args[1][1:])
+        b_arg = int(conv.args[2][1:]) if has_bias else None
+
+        def pack(consts):
+            wv = consts[w_arg].astype(np.float32)                       # [K, C, KH, KW]
+            packed = wv.reshape(KO, KT, CBLK, cb, KH, KW).transpose(0, 2, 4, 5, 3, 1)
+            res = {"w": np.ascontiguousarray(packed).reshape(-1)}
+            if has_bias:
+                res["bias"] = np.ascontiguousarray(consts[b_arg].astype(np.float32).reshape(-1))
+            return res
+
+        return Kernel(source(args, dtypes, body), args, pack)

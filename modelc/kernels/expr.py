@@ -1,0 +1,138 @@
+"""Scalar source expressions for elementwise ops, shared by every template's fused epilogue.
+
+Each op maps to a fixed expression over its operands' expressions; nothing from the model but
+numbers reaches the source. Literals are typed (`np.float32(0.5)`) because a bare Python float
+would promote float32 arithmetic to float64 inside numba and halve the vector width.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ModelcError
+
+_NP = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64", "int32": "np.int32",
+       "int8": "np.int8", "uint8": "np.uint8", "bool": "np.bool_", "float16": "np.float32",
+       "int16": "np.int16", "uint16": "np.uint16", "uint32": "np.uint32", "uint64": "np.uint64"}
+
+
+def ctor(dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in _NP:
+        raise ModelcError(f"no kernel support for dtype {name}")
+    return _NP[name]
+
+
+def lit(value, dtype) -> str:
+    """A typed literal; only numbers ever reach generated source."""
+    dt = np.dtype(dtype)
+    v = np.asarray(value, dt).reshape(())
+    if dt.kind == "b":
+        return "True" if bool(v) else "False"
+    if dt.kind == "f":
+        f = float(v)
+        if math.isnan(f):
+            return f"{ctor(dt)}(np.nan)"
+        if math.isinf(f):
+            return f"{ctor(dt)}({'-' if f < 0 else ''}np.inf)"
+        return f"{ctor(dt)}({f!r})"
+    return f"{ctor(dt)}({int(v)})"
+
+
+def _f(dtype, x):
+    return lit(x, dtype)
+
+
+def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None) -> str:
+    """Expression of `op` applied to operand expressions `args` (result of dtype `dtype`).
+
+    `consts` maps an operand position to its constant value when the operand is a literal
+    scalar, so ops can specialise (x ** 2 -> x * x, Clip bounds).
+    """
+    consts = consts or {}
+    dt = np.dtype(dtype)
+    a = args[0] if args else None
+    L = lambda x: _f(dt, x)  # noqa: E731
+    unary = {
+        "Relu": lambda: f"max({a}, {L(0)})",
+        "Neg": lambda: f"(-{a})",
+        "Abs": lambda: f"abs({a})",
+        "Exp": lambda: f"math.exp({a})",
+        "Log": lambda: f"math.log({a})",
+        "Sqrt": lambda: f"math.sqrt({a})",
+        "Tanh": lambda: f"math.tanh({a})",
+        "Erf": lambda: f"math.erf({a})",
+        "Sin": lambda: f"math.sin({a})",
+        "Cos": lambda: f"math.cos({a})",
+        "Floor": lambda: f"np.floor({a})",
+        "Ceil": lambda: f"np.ceil({a})",
+        "Sign": lambda: f"np.sign({a})",
+        "Reciprocal": lambda: f"({L(1)} / {a})",
+        "Sigmoid": lambda: f"({L(1)} / ({L(1)} + math.exp(-{a})))",
+        "Softplus": lambda: f"(max({a}, {L(0)}) + math.log1p(math.exp(-abs({a}))))",
+        "Softsign": lambda: f"({a} / ({L(1)} + abs({a})))",
+        "Gelu": lambda: (f"({L(0.5)} * {a} * ({L(1)} + math.tanh({L(math.sqrt(2 / math.pi))} * "
+                         f"({a} + {L(0.044715)} * {a} * {a} * {a}))))"
+                         if attrs.get("approximate", "none") == "tanh" else
+                         f"({L(0.5)} * {a} * ({L(1)} + math.erf({a} * {L(1 / math.sqrt(2))})))"),
+        "LeakyRelu": lambda: f"({a} if {a} >= {L(0)} else {a} * {L(attrs.get('alpha', 0.01))})",
+        "Elu": lambda: f"({a} if {a} > {L(0)} else {L(attrs.get('alpha', 1.0))} * math.expm1({a}))",
+        "Selu": lambda: (f"({L(attrs.get('gamma', 1.05070102214813232421875))} * ({a} if {a} > {L(0)} else "
+                         f"{L(attrs.get('alpha', 1.67326319217681884765625))} * math.expm1({a})))"),
+        "HardSigmoid": lambda: (f"min(max({L(attrs.get('alpha', 0.2))} * {a} + {L(attrs.get('beta', 0.5))}, "
+                                f"{L(0)}), {L(1)})"),
+        "HardSwish": lambda: f"({a} * min(max({a} * {L(1 / 6)} + {L(0.5)}, {L(0)}), {L(1)}))",
+        "Mish": lambda: f"({a} * math.tanh(max({a}, {L(0)}) + math.log1p(math.exp(-abs({a})))))",
+        "Identity": lambda: a,
+        "Dropout": lambda: a,
+        "Not": lambda: f"(not {a})",
+    }
+    if op in unary:
+        return unary[op]()
+    if op == "Clip":
+        out = a
+        if len(args) > 1 and args[1]:
+            out = f"max({out}, {args[1]})"
+        if len(args) > 2 and args[2]:
+            out = f"min({out}, {args[2]})"
+        return out
+    if op == "Cast":
+        return f"{ctor(dt)}({a})"
+    if op in ("Sum", "Add"):
+        return "(" + " + ".join(args) + ")"
+    if op == "Mean":
+        return f"(({' + '.join(args)}) * {L(1 / len(args))})"
+    if op == "Max":
+        return f"max({', '.join(args)})" if len(args) > 1 else a
+    if op == "Min":
+        return f"min({', '.join(args)})" if len(args) > 1 else a
+    binary = {"Sub": "-", "Mul": "*", "Div": "/"}
+    if op in binary:
+        if op == "Div" and dt.kind in "iu":
+            return f"{ctor(dt)}(int({args[0]} / {args[1]}))"
+        return f"({args[0]} {binary[op]} {args[1]})"
+    if op == "Pow":
+        e = consts.get(1)
+        if e is not None and float(e) == 2.0:
+            return f"({a} * {a})"
+        if e is not None and float(e) == 0.5:
+            return f"math.sqrt({a})"
+        return f"({a} ** {args[1]})"
+    if op == "PRelu":
+        return f"({a} if {a} >= {L(0)} else {a} * {args[1]})"
+    cmp = {"Equal": "==", "Greater": ">", "Less": "<", "GreaterOrEqual": ">=", "LessOrEqual": "<="}
+    if op in cmp:
+        return f"({args[0]} {cmp[op]} {args[1]})"
+    if op in ("And", "Or"):
+        return f"({args[0]} {op.lower()} {args[1]})"
+    if op == "Where":
+        return f"({args[1]} if {args[0]} else {args[2]})"
+    raise ModelcError(f"no elementwise kernel expression for op {op}")
+
+
+SUPPORTED = {"Relu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Sin", "Cos", "Floor", "Ceil",
+             "Sign", "Reciprocal", "Sigmoid", "Softplus", "Softsign", "Gelu", "LeakyRelu", "Elu",
+             "Selu", "HardSigmoid", "HardSwish", "Mish", "Identity", "Dropout", "Not", "Clip", "Cast",
+             "Sum", "Add", "Mean", "Max", "Min", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal",
+             "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Where"}

@@ -1,0 +1,137 @@
+"""The template interface: workload + config -> kernel source, and the registry of templates.
+
+A template declares its config space (knobs), picks a default config from a simple model of the
+machine, and generates a kernel: Python source for one `numba.njit` function named `kernel` whose
+arguments are flat 1-d arrays, plus the list saying what each argument is bound to ("out0",
+"in2", or the name of an array that `pack` prepares once from constant inputs, such as weights
+re-laid out for the kernel).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ModelcError
+from .expr import ctor, emit, lit
+from .layout import offset
+from .space import Config, ConfigSpace
+from .workload import Workload
+
+_NB = {"float32": "float32", "float64": "float64", "int64": "int64", "int32": "int32",
+       "bool": "boolean", "uint8": "uint8", "int8": "int8", "int16": "int16", "uint16": "uint16",
+       "uint32": "uint32", "uint64": "uint64"}
+
+
+@dataclass
+class Kernel:
+    source: str
+    args: list                                   # what each kernel argument is bound to
+    pack: Callable | None = None                 # {input index: const value} -> {arg name: array}
+    arg_dtypes: dict = field(default_factory=dict)
+
+
+class Template:
+    name = "template"
+    tunable = True
+
+    def matches(self, wl: Workload) -> bool:
+        raise NotImplementedError
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        return ConfigSpace()
+
+    def default_config(self, wl: Workload, space: ConfigSpace) -> Config:
+        return space.get(0) if len(space) else Config(space, 0, {})
+
+    def build(self, wl: Workload, cfg: Config) -> Kernel:
+        raise NotImplementedError
+
+
+TEMPLATES: list[Template] = []
+
+
+def register(cls):
+    TEMPLATES.append(cls())
+    return cls
+
+
+def select(wl: Workload) -> Template:
+    """The first registered template that handles `wl` (the fallback matches everything)."""
+    for t in TEMPLATES:
+        if t.matches(wl):
+            return t
+    raise ModelcError(f"no kernel template for pattern {[o.op for o in wl.ops]}")
+
+
+def get(name: str) -> Template:
+    for t in TEMPLATES:
+        if t.name == name:
+            return t
+    raise ModelcError(f"unknown kernel template {name!r}")
+
+
+# ---- source helpers shared by the templates ---------------------------------------------------
+
+def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath: bool = True,
+           extra: list = ()) -> str:
+    """A complete kernel module: imports, the typed njit decorator and the body lines."""
+    sig = ", ".join(f"{_NB[np.dtype(d).name]}[::1]" for d in dtypes)
+    lines = ["import math", "import numpy as np", "import numba", "from numba import prange, carray",
+             "from modelc.kernels.stack import stack_empty", *extra, "",
+             f"@numba.njit('void({sig})', parallel={parallel}, fastmath={fastmath}, cache=True, "
+             "boundscheck=False, nogil=True)",
+             f"def kernel({', '.join(args)}):"]
+    lines += ["    " + ln for ln in body]
+    return "\n".join(lines) + "\n"
+
+
+def broadcast_index(shape, out_shape, out_idx: list) -> list:
+    """Index into a tensor of `shape` broadcast (right-aligned) against `out_idx`."""
+    lead = len(out_shape) - len(shape)
+    return [("0" if d == 1 and out_shape[lead + k] != 1 else out_idx[lead + k])
+            for k, d in enumerate(shape)]   # a split channel index (tuple) passes through
+
+
+def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtype,
+             start_ref: str, var: str = "e") -> tuple[list, str]:
+    """Lines applying elementwise `ops` to `value` (the result `start_ref`) at `out_idx`.
+
+    Operands are the running value, workload inputs (read from their own layout, broadcast
+    against the output index) and scalar constants (inlined as literals).
+    """
+    lines, names = [], {start_ref: value}
+    for j, op in enumerate(ops):
+        exprs, consts = [], {}
+        for pos, a in enumerate(op.args):
+            if not a:
+                exprs.append("")
+            elif a in names:
+                exprs.append(names[a])
+            elif a.startswith("p"):
+                v = wl.params[a]
+                if v.size != 1:
+                    raise ModelcError(f"epilogue constant {a} of shape {v.shape} is not a scalar")
+                consts[pos] = v.reshape(())
+                exprs.append(lit(v, dtype))
+            elif a.startswith("i"):
+                k = int(a[1:])
+                t = wl.inputs[k]
+                idx = broadcast_index(t.shape, out_shape, out_idx)
+                exprs.append(f"in{k}[{offset(t.shape, t.layout, idx)}]")
+            else:
+                raise ModelcError(f"epilogue operand {a} is not available")
+        name = f"{var}{j}"
+        lines.append(f"{name} = {emit(op.op, exprs, op.attrs, dtype, consts)}")
+        names[f"v{op.index}"] = name
+    return lines, names.get(f"v{ops[-1].index}", value) if ops else value
+
+
+def epilogue_inputs(ops: list) -> list:
+    """Workload input indices read by an epilogue."""
+    return sorted({int(a[1:]) for op in ops for a in op.args if a.startswith("i")})
+
+
+__all__ = ["Kernel", "Template", "TEMPLATES", "register", "select", "get", "source", "epilogue",
+           "epilogue_inputs", "broadcast_index", "ctor", "lit"]
