@@ -21,7 +21,7 @@ FEW = settings(max_examples=20, deadline=None, derandomize=True,
 
 
 def _model(op, inputs, consts=None, n_outputs=1, opset=22, **attrs):
-    """A one-node model: `inputs` become graph inputs, `consts` initializers (order: inputs, consts)."""
+    """A one-node model: `inputs` become graph inputs, then `consts` initializers."""
     consts = consts or {}
     names = list(inputs) + list(consts)
     outs = [f"y{i}" for i in range(n_outputs)]
@@ -69,7 +69,8 @@ def _rand(rng, shape, dtype=np.float32):
 def conv_cases(draw, transpose=False):
     nd = draw(st.integers(1, 3))
     group_kind = draw(st.sampled_from(["one", "grouped", "depthwise"]))
-    g = {"one": 1, "grouped": draw(st.integers(2, 3)), "depthwise": draw(st.integers(2, 6))}[group_kind]
+    g = {"one": 1, "grouped": draw(st.integers(2, 3)),
+         "depthwise": draw(st.integers(2, 6))}[group_kind]
     cg = 1 if group_kind == "depthwise" else draw(st.integers(1, 3))
     mg = draw(st.integers(1, 3))
     kernel = [draw(st.integers(1, 3 if nd == 3 else 4)) for _ in range(nd)]
@@ -137,8 +138,10 @@ def pool_cases(draw):
     attrs = {"kernel_shape": kernel, "strides": strides, "dilations": dil,
              "ceil_mode": int(draw(st.booleans()))}
     if draw(st.booleans()):
-        attrs["pads"] = [draw(st.integers(0, (k - 1) * d // 2)) for k, d in zip(kernel * 2, dil * 2)]
-    return (draw(st.integers(1, 2)), draw(st.integers(1, 3)), *size), attrs, draw(st.integers(0, 99))
+        attrs["pads"] = [draw(st.integers(0, (k - 1) * d // 2))
+                         for k, d in zip(kernel * 2, dil * 2)]
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 3)), *size)
+    return shape, attrs, draw(st.integers(0, 99))
 
 
 @FEW
@@ -192,7 +195,7 @@ def test_batchnorm_training_is_unsupported():
     p = {k: np.ones(2, np.float32) for k in ("s", "b", "m", "v")}
     with pytest.raises(UnsupportedOpError, match="training_mode"):
         modelc.from_onnx(_model("BatchNormalization", {"x": x}, p, training_mode=1, opset=15))
-    with pytest.raises(UnsupportedOpError, match="training"):   # opset 7: extra outputs mean training
+    with pytest.raises(UnsupportedOpError, match="training"):   # opset 7: extra outputs train
         modelc.from_onnx(_model("BatchNormalization", {"x": x}, p, n_outputs=3, opset=7))
 
 
@@ -232,7 +235,8 @@ def test_gemm_opset6_broadcast_attribute():
 
 
 @pytest.mark.parametrize("sa,sb", [((3,), (3,)), ((3,), (2, 3, 4)), ((2, 3, 4), (4,)),
-                                   ((5, 1, 2, 3), (4, 3, 6)), ((2, 3), (3, 7)), ((1, 4, 3), (3, 2))])
+                                   ((5, 1, 2, 3), (4, 3, 6)), ((2, 3), (3, 7)),
+                                   ((1, 4, 3), (3, 2))])
 def test_matmul_numpy_semantics(sa, sb):
     rng = np.random.default_rng(6)
     check("MatMul", {"a": _rand(rng, sa), "b": _rand(rng, sb)}, opset=13)
@@ -240,8 +244,10 @@ def test_matmul_numpy_semantics(sa, sb):
                      "b": rng.integers(-5, 5, sb).astype(np.int32)}, opset=13)
 
 
-@pytest.mark.parametrize("eq,shapes", [("ij,jk->ik", [(2, 3), (3, 4)]), ("...ii->...i", [(2, 3, 3)]),
-                                       ("bij,bjk", [(2, 3, 4), (2, 4, 5)]), ("i,i", [(5,), (5,)])])
+@pytest.mark.parametrize("eq,shapes", [("ij,jk->ik", [(2, 3), (3, 4)]),
+                                       ("...ii->...i", [(2, 3, 3)]),
+                                       ("bij,bjk", [(2, 3, 4), (2, 4, 5)]),
+                                       ("i,i", [(5,), (5,)])])
 def test_einsum(eq, shapes):
     rng = np.random.default_rng(7)
     check("Einsum", {f"x{i}": _rand(rng, s) for i, s in enumerate(shapes)}, equation=eq, opset=12)
@@ -281,3 +287,29 @@ def test_cumsum():
             for rev in (0, 1):
                 check("CumSum", {"x": x}, {"axis": np.array(axis, np.int64)},
                       exclusive=exclusive, reverse=rev, opset=14)
+
+
+# ---- older opsets ------------------------------------------------------------------------------
+
+def test_old_opset_forms():
+    rng = np.random.default_rng(10)
+    x = _rand(rng, (2, 3, 6, 5))
+    p = {k: _rand(rng, (3,)) for k in ("s", "b", "m")}
+    p["v"] = np.abs(_rand(rng, (3,))) + 0.5
+    new = check("BatchNormalization", {"x": x}, p, opset=15, epsilon=1e-3)["y0"]
+    old = modelc.from_onnx(_model("BatchNormalization", {"x": x}, p, opset=6, is_test=1,
+                                  epsilon=1e-3, consumed_inputs=[0, 0, 0, 1, 1]))
+    np.testing.assert_array_equal(reference.run(old, {"x": x})["y0"], new)   # no ORT kernel for 6
+    check("BatchNormalization", {"x": x}, p, opset=7, spatial=1, momentum=0.8)
+    per_act = {k: _rand(rng, (3, 6, 5)) for k in ("s", "b", "m")}
+    per_act["v"] = np.abs(_rand(rng, (3, 6, 5))) + 0.5
+    check("BatchNormalization", {"x": x}, per_act, opset=7, spatial=0)
+    check("MaxPool", {"x": x}, n_outputs=2, opset=8, kernel_shape=[3, 2], strides=[2, 2])
+    check("MaxPool", {"x": x}, opset=10, kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)
+    check("AveragePool", {"x": x}, opset=7, kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+          count_include_pad=1)
+    check("AveragePool", {"x": x}, opset=10, kernel_shape=[2, 3], strides=[2, 2], ceil_mode=1)
+    check("Gemm", {"a": _rand(rng, (4, 3))}, {"b": _rand(rng, (3, 2)), "c": _rand(rng, (2,))},
+          opset=9, alpha=2.0)
+    check("ReduceMean", {"x": x}, opset=13, axes=[1, 3], keepdims=0)
+    check("ReduceSum", {"x": x}, opset=11, axes=[-1])

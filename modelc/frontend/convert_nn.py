@@ -30,7 +30,8 @@ def _coerced_softmax(ctx, node):
     axis = int(node.attr("axis", 1))
     axis = axis + rank if axis < 0 else axis
     if not 0 <= axis <= rank:
-        raise ShapeError(f"{node.where()}: axis {node.attr('axis')} is out of range for rank {rank}")
+        raise ShapeError(f"{node.where()}: axis {node.attr('axis')} is out of range for "
+                         f"rank {rank}")
     if axis == rank - 1 or rank == 0:
         _emit_as(ctx, node, node.op_type, [x], {"axis": -1})
         return

@@ -93,7 +93,8 @@ def _einsum_terms(equation: str, shapes: list) -> tuple[list, str]:
             k = len(s) - (len(t) - 3)
             t = t.replace("...", ell[ell_rank - k:] if k else "")
         if not re.fullmatch(r"[a-zA-Z]*", t) or len(t) != len(s):
-            raise ValueError(f"term {t!r} of {equation!r} does not match an operand of rank {len(s)}")
+            raise ValueError(f"term {t!r} of {equation!r} does not match an operand of "
+                             f"rank {len(s)}")
         expanded.append(t)
     if arrow:
         out = rhs.replace("...", ell)

@@ -14,7 +14,17 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..errors import ShapeError
 from .registry import Kind, norm_axis, register
+
+
+def _axis(axis, rank: int) -> int:
+    """norm_axis, raising ValueError so that the registry's message names the node."""
+    try:
+        return norm_axis(axis, rank)
+    except ShapeError as e:
+        raise ValueError(str(e)) from None
+
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 
@@ -69,8 +79,8 @@ def _geometry(in_sp, kernel, strides=None, dilations=None, pads=None, auto_pad="
     for i in range(nd):
         n, k, s, d = in_sp[i], kernel[i], strides[i], dilations[i]
         if min(k, s, d) < 1:
-            raise ValueError(f"kernel {kernel}, strides {strides} and dilations {dilations} must be "
-                             "positive")
+            raise ValueError(f"kernel {kernel}, strides {strides} and dilations {dilations} "
+                             "must be positive")
         ext = (k - 1) * d + 1
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
             o = -(-n // s)
@@ -433,14 +443,14 @@ def instance_normalization(x, scale, b, *, epsilon=1e-5):
 
 
 def _layernorm_infer(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
-    a = norm_axis(axis, len(x.shape))
+    a = _axis(axis, len(x.shape))
     stat = (*x.shape[:a], *(1,) * (len(x.shape) - a))
     return [(x.shape, x.dtype), (stat, np.float32), (stat, np.float32)]
 
 
 @register("LayerNormalization", Kind.OPAQUE, infer=_layernorm_infer)
 def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
-    a = norm_axis(axis, x.ndim)
+    a = _axis(axis, x.ndim)
     axes = tuple(range(a, x.ndim))
     ct = _compute_dtype(x.dtype)
     v = x.astype(ct)
@@ -490,7 +500,7 @@ def lrn(x, *, size, alpha=1e-4, beta=0.75, bias=1.0):
 
 @register("LpNormalization", Kind.OPAQUE, infer=_same_infer)
 def lp_normalization(x, *, axis=-1, p=2):
-    a = norm_axis(axis, x.ndim)
+    a = _axis(axis, x.ndim)
     v = x.astype(np.float64)
     if p == 1:
         norm = np.abs(v).sum(axis=a, keepdims=True)
@@ -506,7 +516,7 @@ def lp_normalization(x, *, axis=-1, p=2):
 # ---- softmax family (opset 13: one axis) -----------------------------------------------------
 
 def _axis_infer(x, *, axis=-1):
-    norm_axis(axis, len(x.shape))
+    _axis(axis, len(x.shape))
     return x.shape, x.dtype
 
 
@@ -526,7 +536,7 @@ def log_softmax(x, *, axis=-1):
 
 @register("Hardmax", Kind.OPAQUE, infer=_axis_infer)
 def hardmax(x, *, axis=-1):
-    a = norm_axis(axis, x.ndim)
+    a = _axis(axis, x.ndim)
     first = np.expand_dims(np.argmax(x, axis=a), a)
     y = np.zeros_like(x)
     np.put_along_axis(y, first, 1, axis=a)

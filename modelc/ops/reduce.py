@@ -7,14 +7,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ShapeError
 from .registry import Kind, norm_axis, register
+
+
+def _axis(axis, rank: int) -> int:
+    """norm_axis, raising ValueError so that the registry's message names the node."""
+    try:
+        return norm_axis(axis, rank)
+    except ShapeError as e:
+        raise ValueError(str(e)) from None
 
 
 def _axes(axes, rank: int, noop: int):
     """Normalised axes tuple; None means 'no reduction' (empty axes with noop_with_empty_axes)."""
     if axes is None or np.size(axes) == 0:
         return None if noop else tuple(range(rank))
-    out = sorted({norm_axis(int(a), rank) for a in np.ravel(axes)})
+    out = sorted({_axis(int(a), rank) for a in np.ravel(axes)})
     if len(out) != np.size(axes):
         raise ValueError(f"axes {np.ravel(axes).tolist()} repeat an axis")
     return tuple(out)
@@ -96,8 +105,7 @@ _reduction("ReduceProd", _ident, np.prod)
 _reduction("ReduceMax", _ident, np.max, empty=_lowest)
 _reduction("ReduceMin", _ident, np.min, empty=_highest)
 _reduction("ReduceL1", np.abs, np.sum)
-_reduction("ReduceL2", _ident, lambda v, axis, keepdims: np.sum(v * v, axis=axis, keepdims=keepdims),
-           post=np.sqrt)
+_reduction("ReduceL2", np.square, np.sum, post=np.sqrt)
 _reduction("ReduceSumSquare", np.square, np.sum)
 _reduction("ReduceLogSum", _ident, np.sum, post=np.log, empty=lambda dt: -np.inf)
 _reduction("ReduceLogSumExp", _ident, _logsumexp, empty=lambda dt: -np.inf)
@@ -106,13 +114,13 @@ _reduction("ReduceLogSumExp", _ident, _logsumexp, empty=lambda dt: -np.inf)
 # ---- ArgMax / ArgMin -------------------------------------------------------------------------
 
 def _arg_infer(data, *, axis=0, keepdims=1, select_last_index=0):
-    a = norm_axis(axis, len(data.shape))
+    a = _axis(axis, len(data.shape))
     return _reduce_infer_shape(data.shape, (a,), keepdims), np.int64
 
 
 def _arg(fn):
     def ref(data, *, axis=0, keepdims=1, select_last_index=0):
-        a = norm_axis(axis, data.ndim)
+        a = _axis(axis, data.ndim)
         if select_last_index:
             idx = data.shape[a] - 1 - fn(np.flip(data, axis=a), axis=a)
         else:
@@ -130,13 +138,13 @@ register("ArgMin", Kind.REDUCTION, infer=_arg_infer)(_arg(np.argmin))
 
 def _cumsum_infer(x, axis, *, exclusive=0, reverse=0):
     if axis.value is not None:
-        norm_axis(int(np.ravel(axis.value)[0]), len(x.shape))
+        _axis(int(np.ravel(axis.value)[0]), len(x.shape))
     return x.shape, x.dtype
 
 
 @register("CumSum", Kind.OPAQUE, infer=_cumsum_infer)
 def cumsum(x, axis, *, exclusive=0, reverse=0):
-    a = norm_axis(int(np.ravel(axis)[0]), x.ndim)
+    a = _axis(int(np.ravel(axis)[0]), x.ndim)
     acc = _accumulator(x.dtype)
     v = x.astype(acc) if acc is not None else x
     if reverse:
