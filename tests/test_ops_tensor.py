@@ -255,6 +255,25 @@ def test_resize_opset10(scales, mode):
           {"s": np.array(scales, np.float32)}, opset=10)
 
 
+def test_resize_opset11_forms():
+    """TorchScript's opset-11 pattern (empty roi and scales, then sizes) and Resize-11's
+    tf_half_pixel_for_nn, which later opsets dropped."""
+    x = randn(1, 2, 3, 4)
+    empty = np.zeros(0, np.float32)
+    check(node("Resize", ["x", "r", "s", "z"], ["y"], mode="linear",
+               coordinate_transformation_mode="pytorch_half_pixel"),
+          {"x": x}, {"r": empty, "s": empty, "z": i64(1, 2, 7, 5)}, opset=11)
+    check(node("Resize", ["x", "r", "s"], ["y"], mode="nearest",
+               coordinate_transformation_mode="tf_half_pixel_for_nn"),
+          {"x": x}, {"r": empty, "s": np.array([1, 1, 2.5, 0.75], np.float32)}, opset=11)
+
+
+def test_opset11_negative_axis_attributes():
+    x = randn(2, 1, 6)
+    check([node("Squeeze", ["x"], ["a"], axes=[-2]), node("Unsqueeze", ["a"], ["b"], axes=[-1]),
+           node("Split", ["b"], ["c", "d"], axis=-2, split=[2, 4])], {"x": x}, opset=11)
+
+
 def test_opset7_attribute_forms():
     x = randn(2, 3, 4)
     check([node("Slice", ["x"], ["a"], starts=[1, -3], ends=[100, -1], axes=[2, 1]),

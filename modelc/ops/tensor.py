@@ -290,22 +290,25 @@ def tile(x, repeats):
     return np.tile(x, _ints(repeats))
 
 
-def _range_values(start, limit, delta, stash_type=1):
-    dtype = np.asarray(start).dtype
+def _range_params(start, limit, delta):
     s, lim, d = (np.asarray(v).reshape(-1)[0].item() for v in (start, limit, delta))
     if d == 0:
         raise ValueError("Range delta is 0")
-    if dtype.kind == "f":
-        work = np.float64 if dtype.itemsize > 2 or stash_type == 11 else np.float32
-        n = max(math.ceil((lim - s) / d), 0)
-        return (np.asarray(s, work) + np.arange(n, dtype=work) * np.asarray(d, work)).astype(dtype)
-    return np.arange(s, lim, d).astype(dtype)
+    return s, d, max(math.ceil((lim - s) / d), 0)
+
+
+def _range_values(start, limit, delta, stash_type=1):
+    """start + i * delta; float16 computes in the stash type (float32 unless DOUBLE is asked)."""
+    dtype = np.asarray(start).dtype
+    s, d, n = _range_params(start, limit, delta)
+    work = np.int64 if dtype.kind in "iu" else \
+        np.float64 if dtype.itemsize > 2 or stash_type == 11 else np.float32
+    return (np.asarray(s, work) + np.arange(n, dtype=work) * np.asarray(d, work)).astype(dtype)
 
 
 def _range_infer(start, limit, delta, stash_type=1):
-    vals = _range_values(_known(start, "start"), _known(limit, "limit"), _known(delta, "delta"),
-                         stash_type)
-    return vals.shape, vals.dtype
+    n = _range_params(_known(start, "start"), _known(limit, "limit"), _known(delta, "delta"))[2]
+    return (n,), start.dtype
 
 
 @register("Range", Kind.OPAQUE, infer=_range_infer, param_inputs=(0, 1, 2))
@@ -490,12 +493,10 @@ def topk(x, k, *, axis=-1, largest=1, sorted=1):
     return np.take_along_axis(x, idx, axis=a), idx.astype(np.int64)
 
 
-def _trilu(x, k=None, *, upper=1):
+@register("Trilu", Kind.OPAQUE, infer=_same)
+def trilu(x, k=None, *, upper=1):
     kk = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
     return np.triu(x, kk) if upper else np.tril(x, kk)
-
-
-register("Trilu", Kind.OPAQUE, infer=_same)(_trilu)
 
 
 def _eyelike_dtype(x, dtype):
