@@ -62,6 +62,39 @@ def _value_type_problem(vi: onnx.ValueInfoProto) -> str | None:
     return None
 
 
+def _array(x):
+    return onnx.numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x)
+
+
+def _bind_shape_parameters(model: onnx.ModelProto, feeds: dict) -> onnx.ModelProto:
+    """Turn graph inputs that decide shapes (Reshape's shape, Pad's pads, axes ...) into constants.
+
+    modelc compiles for static shapes, so such values are compile-time constants for it; the
+    conformance cases feed them as inputs only because ONNX allows it. Inputs at a registry op's
+    parameter positions, parameter inputs of ops rewritten at import, and small integer inputs
+    are bound to the case's values.
+    """
+    params = set()
+    for n in model.graph.node:
+        if n.domain not in onnx_import.ONNX_DOMAINS:
+            continue
+        opdef = ops.REGISTRY.get(n.op_type)
+        positions = opdef.param_inputs if opdef is not None else \
+            range(1, len(n.input)) if n.op_type in converters.CONVERTED_AWAY else ()
+        params.update(n.input[i] for i in positions if i < len(n.input) and n.input[i])
+    params.update(k for k, v in feeds.items() if v.dtype.kind in "iu" and v.size <= 16)
+    params &= {i.name for i in model.graph.input} & set(feeds)
+    if not params:
+        return model
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    keep = [i for i in m.graph.input if i.name not in params]
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    m.graph.initializer.extend(onnx.numpy_helper.from_array(feeds[k], k) for k in sorted(params))
+    return m
+
+
 def run_case(case) -> CaseResult:
     model = case.model
     op_types = tuple(sorted({n.op_type for n in model.graph.node}))
@@ -75,10 +108,13 @@ def run_case(case) -> CaseResult:
     try:
         for inputs, expected in case.data_sets:
             names = [i.name for i in model.graph.input]
-            feeds = {n: np.asarray(x) for n, x in zip(names, inputs)}
+            feeds = {n: _array(x) for n, x in zip(names, inputs)}
+            expected = [_array(e) for e in expected]
+            m = _bind_shape_parameters(model, feeds)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                graph = onnx_import.from_onnx(model, shape={n: x.shape for n, x in feeds.items()})
+                graph = onnx_import.from_onnx(m, shape={n: x.shape for n, x in feeds.items()
+                                                        if n in {i.name for i in m.graph.input}})
             feeds = {n: x for n, x in feeds.items() if n in graph.inputs}
             with np.errstate(all="ignore"):
                 got = reference.run(graph, feeds)

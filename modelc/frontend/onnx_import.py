@@ -207,7 +207,8 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
         base = n.name or f"{n.op_type}_{i}"
         name = base if base not in used else graph.fresh_name(base)
         used.add(name)
-        attrs = {a.name: decode_attr(a) for a in n.attribute}
+        # consumed_inputs (opsets < 6) was a memory hint with no effect on the result
+        attrs = {a.name: decode_attr(a) for a in n.attribute if a.name != "consumed_inputs"}
         node = Node(name, n.op_type, list(n.input), list(n.output), attrs, onnx_name=n.name or name)
         for inp in node.inputs:
             if inp and inp not in graph.tensors:
@@ -270,9 +271,9 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_ba
                     if isinstance(d, int) and d > 0 and d != s:
                         raise ShapeError(f"shape override {list(shp)} for input {inp.name!r} "
                                          f"contradicts its static shape {dims}")
-            if any(s <= 0 for s in shp):
+            if any(s < 0 for s in shp):
                 raise ShapeError(f"shape override {list(shp)} for input {inp.name!r} has a "
-                                 "non-positive dimension")
+                                 "negative dimension")
         else:
             if default_batch and dims and not (isinstance(dims[0], int) and dims[0] > 0):
                 dims = [default_batch] + dims[1:]

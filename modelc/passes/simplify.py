@@ -46,7 +46,7 @@ def simplify(graph: Graph) -> Graph:
 def _canonical_reshape(graph: Graph, node: Node):
     """Reshape(x, const) in place of any pure reshape, reading through a preceding reshape."""
     out = graph.tensors[node.outputs[0]]
-    if node.op_type == "Reshape" and graph.value(node.inputs[1]) is None:
+    if node.op_type == "Reshape" and graph.value(node.inputs[1]) is None or 0 in out.shape:
         return
     src = node.inputs[0]
     p = graph.producer(src)
