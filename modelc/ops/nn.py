@@ -193,7 +193,7 @@ def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
 
 # ---- ConvTranspose ---------------------------------------------------------------------------
 
-def _convt_geometry(xs, ws, group, auto_pad, dilations, kernel_shape, output_padding,
+def _convt_geometry(xs, ws, auto_pad, dilations, kernel_shape, output_padding,
                     output_shape, pads, strides):
     """Kernel, strides, dilations, begin pads and output size of a transposed convolution."""
     in_sp = tuple(xs[2:])
@@ -243,7 +243,7 @@ def _convt_infer(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, ke
     m = w.shape[1] * group
     if b is not None and tuple(b.shape) != (m,):
         raise ValueError(f"bias shape {list(b.shape)} must be [{m}]")
-    geo = _convt_geometry(x.shape, w.shape, group, auto_pad, dilations, kernel_shape,
+    geo = _convt_geometry(x.shape, w.shape, auto_pad, dilations, kernel_shape,
                           output_padding, output_shape, pads, strides)
     return (x.shape[0], m, *geo.out), x.dtype
 
@@ -251,7 +251,7 @@ def _convt_infer(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, ke
 @register("ConvTranspose", Kind.OUT_ELEMWISE_FUSABLE, infer=_convt_infer)
 def conv_transpose(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                    output_padding=None, output_shape=None, pads=None, strides=None):
-    geo = _convt_geometry(x.shape, w.shape, group, auto_pad, dilations, kernel_shape,
+    geo = _convt_geometry(x.shape, w.shape, auto_pad, dilations, kernel_shape,
                           output_padding, output_shape, pads, strides)
     ct = _compute_dtype(x.dtype)
     n, c = x.shape[:2]
