@@ -7,12 +7,11 @@ worker processes (spawned, so they start clean); the parent then only loads them
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import glob
 import hashlib
 import importlib.util
-import multiprocessing
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -68,9 +67,11 @@ def _import(path: str, entry: str):
     name = "modelc_kernel_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod          # numba's cache resolves functions through their module
     try:
         spec.loader.exec_module(mod)
     except Exception as e:
+        sys.modules.pop(name, None)
         raise ModelcError(f"kernel {os.path.basename(path)} failed to compile: "
                           f"{type(e).__name__}: {str(e)[:2000]}") from e
     fn = getattr(mod, entry)
@@ -85,28 +86,38 @@ def load(source: str, entry: str = "kernel"):
     return _import(path, entry)
 
 
-def _worker_compile(path: str, entry: str):
-    _import(path, entry)
-    return path
+def _compile_in_subprocesses(paths: list, entry: str, jobs: int, progress=None, timeout=None):
+    """Compile kernel files in `jobs` fresh interpreters (no fork of a process with threads)."""
+    chunks = [paths[k::jobs] for k in range(jobs)]
+    procs = []
+    for chunk in chunks:
+        if not chunk:
+            continue
+        code = ("import sys\nfrom modelc.kernels.cache import _import\n"
+                "for p in sys.argv[1:]:\n"
+                "    try:\n        _import(p, %r)\n    except Exception:\n        pass\n"
+                "    print(p, flush=True)\n" % entry)
+        procs.append(subprocess.Popen([sys.executable, "-c", code, *chunk], stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True))
+    for proc in procs:
+        for _ in proc.stdout:
+            if progress is not None:
+                progress()
+        proc.wait(timeout=timeout)
 
 
 def compile_all(sources: list[str], entry: str = "kernel", jobs: int | None = None,
                 progress=None) -> list:
-    """Load many kernels, compiling the cold ones in parallel worker processes first."""
+    """Load many kernels, compiling the cold ones in parallel worker processes first.
+
+    Errors are not reported by the workers: a kernel that failed there is compiled again here,
+    where its error surfaces with the kernel's name.
+    """
     paths = [source_path(s) for s in sources]
     for p, s in zip(paths, sources):
         _write(p, s)
     cold = sorted({p for p in paths if not is_compiled(p) and f"{p}:{entry}" not in _loaded})
-    jobs = jobs or min(len(cold), os.cpu_count() or 1)
+    jobs = min(jobs or os.cpu_count() or 1, len(cold))
     if len(cold) > 1 and jobs > 1:
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-            futures = [pool.submit(_worker_compile, p, entry) for p in cold]
-            for f in cf.as_completed(futures):
-                try:
-                    f.result()
-                except Exception:
-                    pass    # compiled again below in this process, where the error is reported
-                if progress is not None:
-                    progress()
+        _compile_in_subprocesses(cold, entry, jobs, progress)
     return [_import(p, entry) for p in paths]

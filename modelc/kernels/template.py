@@ -8,7 +8,7 @@ re-laid out for the kernel).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -29,12 +29,13 @@ class Kernel:
     source: str
     args: list                                   # what each kernel argument is bound to
     pack: Callable | None = None                 # {input index: const value} -> {arg name: array}
-    arg_dtypes: dict = field(default_factory=dict)
+    python: Callable | None = None               # set only by the fallback: not generated code
 
 
 class Template:
     name = "template"
     tunable = True
+    priority = 0          # lower is tried first; generic templates set it higher
 
     def matches(self, wl: Workload) -> bool:
         raise NotImplementedError
@@ -59,7 +60,7 @@ def register(cls):
 
 def select(wl: Workload) -> Template:
     """The first registered template that handles `wl` (the fallback matches everything)."""
-    for t in TEMPLATES:
+    for t in sorted(TEMPLATES, key=lambda t: t.priority):
         if t.matches(wl):
             return t
     raise ModelcError(f"no kernel template for pattern {[o.op for o in wl.ops]}")

@@ -1,0 +1,39 @@
+"""The last resort for groups no template handles: the numpy reference, clearly marked.
+
+It keeps a model with a rare op (TopK, NonMaxSuppression's neighbours, ScatterND ...) compiling
+and correct, but it is not generated code: it cannot be tuned, and `compile` names every group
+that runs it so the gap is visible. Each such op is a candidate for a template of its own.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import reference
+from .layout import from_physical, to_physical
+from .template import Kernel, Template, register
+from .workload import Workload
+
+
+@register
+class Fallback(Template):
+    name = "reference"
+    tunable = False
+    priority = 100
+
+    def matches(self, wl: Workload) -> bool:
+        return True
+
+    def build(self, wl: Workload, cfg) -> Kernel:
+        graph = wl.to_graph()
+        n_out = len(wl.outputs)
+        args = [f"out{k}" for k in range(n_out)] + [f"in{k}" for k in range(len(wl.inputs))]
+
+        def run(*arrays):
+            outs, ins = arrays[:n_out], arrays[n_out:]
+            feeds = {f"i{k}": from_physical(x, t.shape, t.layout) for k, (x, t) in
+                     enumerate(zip(ins, wl.inputs))}
+            res = reference.run(graph, feeds)
+            for buf, name, t in zip(outs, graph.outputs, wl.outputs):
+                buf[:] = to_physical(np.asarray(res[name], t.dtype), t.layout)
+
+        return Kernel(None, args, None, python=run)

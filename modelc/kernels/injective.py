@@ -1,0 +1,248 @@
+"""Injective groups: elementwise, broadcast and data-movement ops fused into one loop nest.
+
+Like tinygrad's views, every op here is an index map: the kernel loops over each output's
+logical elements (in the output's physical order, so stores are contiguous) and computes each
+element by walking the group backwards, turning the output index into an index of each input
+(a transpose permutes it, a reshape re-linearises it, a slice scales and shifts it, a concat or
+pad branches on it, broadcasting zeroes it). Layout transforms (plain <-> blocked) are Identity
+groups with different input and output layouts, so they are this template too.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ModelcError
+from .expr import SUPPORTED as ELEMENTWISE
+from .expr import emit, lit
+from .layout import offset, strides
+from .space import ConfigSpace
+from .template import Kernel, Template, broadcast_index, register, source
+from .workload import Workload
+
+MOVES = {"Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Tile", "Pad", "Split",
+         "Flatten", "Squeeze", "Unsqueeze"}
+
+
+class _Gen:
+    """Emits the statements computing one output element; returns expression names."""
+
+    def __init__(self, wl: Workload):
+        self.wl = wl
+        self.producer = {}
+        for op in wl.ops:
+            self.producer[f"v{op.index}"] = (op, 0)
+            for k in range(8):
+                self.producer[f"v{op.index}.{k}"] = (op, k)
+        self.n = 0
+        self.params_used = set()
+
+    def fresh(self):
+        self.n += 1
+        return f"t{self.n}"
+
+    def shape(self, ref):
+        return self.wl.spec(ref).shape
+
+    def value(self, ref: str, idx: list, lines: list, ind: str, memo: dict) -> str:
+        key = (ref, tuple(map(str, idx)))
+        if key in memo:
+            return memo[key]
+        out = self._value(ref, idx, lines, ind, memo)
+        memo[key] = out
+        return out
+
+    def _value(self, ref, idx, lines, ind, memo):
+        wl = self.wl
+        if ref.startswith("i"):
+            k = int(ref[1:])
+            t = wl.inputs[k]
+            return f"in{k}[np.uintp({offset(t.shape, t.layout, idx)})]"
+        if ref.startswith("p"):
+            v = wl.params[ref]
+            if v.size == 1:
+                return lit(v, v.dtype)
+            self.params_used.add(ref)
+            return f"{ref}[np.uintp({offset(v.shape, None, idx)})]"
+        op, slot = self.producer[ref]
+        out_shape = self.shape(ref)
+        dtype = self.wl.spec(ref).dtype
+        a = op.args
+        if op.op in ELEMENTWISE:
+            exprs, consts = [], {}
+            for pos, arg in enumerate(a):
+                if not arg:
+                    exprs.append("")
+                    continue
+                if arg.startswith("p") and wl.params[arg].size == 1:
+                    consts[pos] = wl.params[arg].reshape(())
+                sub = broadcast_index(self.shape(arg), out_shape, idx)
+                exprs.append(self.value(arg, sub, lines, ind, memo))
+            name = self.fresh()
+            lines.append(f"{ind}{name} = {emit(op.op, exprs, op.attrs, dtype, consts)}")
+            return name
+        x = a[0]
+        in_shape = self.shape(x)
+        if op.op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+            lin = self.fresh()
+            terms = [f"({i}) * {s}" for i, s in zip(idx, strides(out_shape)) if str(i) != "0"]
+            lines.append(f"{ind}{lin} = {' + '.join(terms) if terms else '0'}")
+            sub = [f"({lin} // {s}) % {d}" if s > 1 else f"{lin} % {d}"
+                   for s, d in zip(strides(in_shape), in_shape)]
+            return self.value(x, sub, lines, ind, memo)
+        if op.op == "Transpose":
+            perm = op.attrs.get("perm") or list(range(len(in_shape)))[::-1]
+            sub = [None] * len(in_shape)
+            for k, p in enumerate(perm):
+                sub[p] = idx[k]
+            return self.value(x, sub, lines, ind, memo)
+        if op.op in ("Expand",):
+            return self.value(x, broadcast_index(in_shape, out_shape, idx), lines, ind, memo)
+        if op.op == "Tile":
+            return self.value(x, [f"({i}) % {d}" for i, d in zip(idx, in_shape)], lines, ind, memo)
+        if op.op == "Slice":
+            starts, ends = wl.params[a[1]], wl.params[a[2]]
+            axes = wl.params[a[3]] if len(a) > 3 and a[3] else np.arange(len(starts))
+            steps = wl.params[a[4]] if len(a) > 4 and a[4] else np.ones(len(starts), np.int64)
+            sub = list(idx)
+            for s, e, ax, st in zip(starts.tolist(), ends.tolist(), axes.tolist(), steps.tolist()):
+                ax = ax % len(in_shape)
+                r = range(in_shape[ax])[slice(s, e, st)]
+                sub[ax] = f"{r.start} + ({idx[ax]}) * {r.step}" if r.step != 1 else f"{r.start} + {idx[ax]}"
+            return self.value(x, sub, lines, ind, memo)
+        if op.op == "Split":
+            axis = op.attrs.get("axis", 0) % len(in_shape)
+            sizes = self._split_sizes(op, in_shape, axis)
+            sub = list(idx)
+            sub[axis] = f"{sum(sizes[:slot])} + {idx[axis]}"
+            return self.value(x, sub, lines, ind, memo)
+        if op.op == "Concat":
+            axis = op.attrs["axis"] % len(out_shape)
+            name = self.fresh()
+            lines.append(f"{ind}{name} = {lit(0, dtype)}")
+            start = 0
+            for j, arg in enumerate(a):
+                size = self.shape(arg)[axis]
+                if size == 0:
+                    continue
+                cond = f"{idx[axis]} < {start + size}"
+                lines.append(f"{ind}{'if' if start == 0 else 'elif'} {cond}:")
+                sub = list(idx)
+                sub[axis] = f"{idx[axis]} - {start}" if start else idx[axis]
+                body = []
+                v = self.value(arg, sub, body, ind + "    ", {})
+                lines.extend(body)
+                lines.append(f"{ind}    {name} = {v}")
+                start += size
+            return name
+        if op.op == "Pad":
+            mode = op.attrs.get("mode", "constant")
+            if mode != "constant":
+                raise ModelcError(f"Pad mode {mode} has no injective kernel")
+            pads = wl.params[a[1]].tolist()
+            r = len(in_shape)
+            axes = wl.params[a[3]].tolist() if len(a) > 3 and a[3] else list(range(r))
+            begin = [0] * r
+            for j, ax in enumerate(axes):
+                begin[ax % r] = pads[j]
+            cval = wl.params[a[2]].reshape(()) if len(a) > 2 and a[2] else np.zeros((), dtype)
+            sub = [f"{i} - {b}" if b else str(i) for i, b in zip(idx, begin)]
+            conds = [f"0 <= {s} < {d}" for s, d, b, e in zip(sub, in_shape, begin, out_shape)
+                     if b or e != in_shape[sub.index(s)] + b]
+            name = self.fresh()
+            lines.append(f"{ind}{name} = {lit(cval, dtype)}")
+            lines.append(f"{ind}if {' and '.join(conds) if conds else 'True'}:")
+            body = []
+            v = self.value(x, sub, body, ind + "    ", {})
+            lines.extend(body)
+            lines.append(f"{ind}    {name} = {v}")
+            return name
+        if op.op == "Gather":
+            axis = op.attrs.get("axis", 0) % len(in_shape)
+            ishape = self.shape(a[1])
+            q = len(ishape)
+            iv = self.fresh()
+            index_expr = self.value(a[1], list(idx[axis:axis + q]), lines, ind, memo)
+            lines.append(f"{ind}{iv} = np.int64({index_expr})")
+            lines.append(f"{ind}if {iv} < 0:")
+            lines.append(f"{ind}    {iv} += {in_shape[axis]}")
+            sub = list(idx[:axis]) + [iv] + list(idx[axis + q:])
+            return self.value(x, sub, lines, ind, memo)
+        raise ModelcError(f"op {op.op} has no injective kernel")
+
+    def _split_sizes(self, op, in_shape, axis):
+        a = op.args
+        if len(a) > 1 and a[1]:
+            return self.wl.params[a[1]].tolist()
+        n = op.attrs.get("num_outputs") or len([1 for o in self.wl.ops for r in o.args
+                                                if r.startswith(f"v{op.index}.")]) or 1
+        size = -(-in_shape[axis] // n)
+        return [min(size, in_shape[axis] - k * size) for k in range(n)]
+
+
+@register
+class Injective(Template):
+    name = "injective"
+    tunable = False
+    priority = 10
+
+    def matches(self, wl: Workload) -> bool:
+        for op in wl.ops:
+            if op.op not in ELEMENTWISE and op.op not in MOVES:
+                return False
+            if op.op == "Pad" and op.attrs.get("mode", "constant") != "constant":
+                return False
+            if op.op in ("Slice", "Pad", "Split") and any(
+                    x.startswith("i") for x in op.args[1:] if x):
+                return False
+        return all(t.dtype.kind in "biuf" for t in wl.outputs)
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        sp = ConfigSpace()
+        sp.define_knob("inner_extent", ["last_dim"])
+        return sp
+
+    def build(self, wl: Workload, cfg) -> Kernel:
+        gen = _Gen(wl)
+        body = []
+        for k, (out, ref) in enumerate(zip(wl.outputs, wl.output_values)):
+            body += self._loop(gen, k, out, ref)
+        ins = sorted({int(r[1:]) for op in wl.ops for r in op.args if r.startswith("i")})
+        args = [f"out{k}" for k in range(len(wl.outputs))] + [f"in{k}" for k in ins] + sorted(gen.params_used)
+        dtypes = [t.dtype for t in wl.outputs] + [wl.inputs[k].dtype for k in ins] + \
+            [wl.params[p].dtype for p in sorted(gen.params_used)]
+        params = {p: np.ascontiguousarray(wl.params[p]).reshape(-1) for p in gen.params_used}
+        return Kernel(source(args, dtypes, body or ["pass"]), args, lambda consts: dict(params))
+
+    def _loop(self, gen: _Gen, k: int, out, ref: str) -> list:
+        shape = out.shape
+        if out.layout:                      # iterate in physical order: n, c block, y, x, lane
+            b = out.layout[0]
+            n, c, h, w = shape
+            dims = [n, c // b, h, w, b]
+            names = ["a0", "a1", "a2", "a3", "a4"]
+            logical = ["a0", ("a1", "a4", b), "a2", "a3"]
+        else:
+            dims = list(shape) or [1]
+            names = [f"a{j}" for j in range(len(dims))]
+            logical = names[:len(shape)]
+        outer = dims[:-1]
+        total = math.prod(outer) if outer else 1
+        lines = [f"for it in prange({total}):"]
+        rest = "it"
+        for j in range(len(outer) - 1, -1, -1):
+            if j == 0:
+                lines.append(f"    {names[0]} = {rest}")
+            else:
+                lines.append(f"    {names[j]} = {rest} % {outer[j]}")
+                lines.append(f"    r{j} = {rest} // {outer[j]}")
+                rest = f"r{j}"
+        if not outer:
+            pass
+        lines.append(f"    for {names[-1]} in range({dims[-1]}):")
+        stmts = []
+        v = gen.value(ref, logical if shape else [], stmts, "        ", {})
+        lines += stmts
+        lines.append(f"        out{k}[np.uintp({offset(shape, out.layout, logical if shape else [])})] = {v}")
+        return lines
