@@ -90,6 +90,47 @@ def cmd_tasks(args):
           f"total {total / 1e9:.3f} GFLOPs")
 
 
+def cmd_compile(args):
+    import time
+    from .compiler import compile as compile_model
+    t0 = time.perf_counter()
+    graph = _import(args)
+    mod = compile_model(graph, jobs=args.jobs, progress=not args.quiet)
+    out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".mc"
+    mod.save(out)
+    mem = mod.memory_report()
+    print(f"compiled {len(mod.step_names)} kernels in {time.perf_counter() - t0:.1f} s; "
+          f"intermediate buffers {mem['planned_bytes'] / 2**20:.1f} MiB "
+          f"(one per tensor: {mem['one_buffer_per_tensor_bytes'] / 2**20:.1f} MiB); wrote {out}")
+    if mod.fallbacks:
+        print(f"note: {len(mod.fallbacks)} group(s) run the numpy reference (no kernel template): "
+              + ", ".join(sorted(set(mod.fallbacks))))
+
+
+def cmd_run(args):
+    from .runtime import load
+    mod = load(args.module)
+    if len(mod.input_specs) != 1 and args.input:
+        raise ModelcError("--input takes one .npy file; this model has several inputs")
+    spec = mod.input_specs[0]
+    if args.input:
+        try:
+            x = np.load(args.input, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise ModelcError(f"cannot read {args.input!r} as a .npy array: {e}") from None
+    else:
+        x = np.random.default_rng(args.seed).standard_normal(spec["shape"]).astype(spec["dtype"])
+    outs = mod.run({spec["name"]: x})
+    for name, val in outs.items():
+        print(f"{name}: {val.dtype}{list(val.shape)} min {val.min():.4g} max {val.max():.4g}")
+    if args.output:
+        np.save(args.output, next(iter(outs.values())))
+    if args.benchmark:
+        b = mod.benchmark()
+        print(f"latency median {b['median_ms']:.3f} ms (min {b['min_ms']:.3f}, max {b['max_ms']:.3f}, "
+              f"{b['repeat']} x {b['number']} runs)")
+
+
 def cmd_export(args):
     import models
     if args.name not in models.MODELS:
@@ -145,6 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the tasks as JSON")
     s.add_argument("--graph", action="store_true", help="also print the fused graph")
     s.set_defaults(fn=cmd_tasks)
+
+    s = model_cmd("compile", "compile a model into a module file")
+    s.add_argument("-o", "--output", help="module path (default: MODEL.mc)")
+    s.add_argument("-j", "--jobs", type=int, help="parallel kernel compiles (default: cores)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_compile)
+
+    s = sub.add_parser("run", help="run a compiled module")
+    s.add_argument("module", help="a .mc file written by `modelc compile`")
+    s.add_argument("--input", help=".npy file for the (single) input; default: seeded random")
+    s.add_argument("--output", help="write the first output to this .npy file")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--benchmark", action="store_true", help="also time the module")
+    s.set_defaults(fn=cmd_run)
 
     s = model_cmd("reference", "run a model with the numpy reference executor")
     s.add_argument("--input", help=".npy file for the (single) input; default: seeded random")

@@ -76,9 +76,10 @@ class Module:
 
         def buf(name):
             t = tensors[name]
-            if t.get("const"):
-                return to_physical(constants[name].astype(t["dtype"], copy=False),
-                                   tuple(t["layout"]) if t["layout"] else None)
+            if t.get("const"):      # kernels take writable arrays; constants may be read-only views
+                return np.require(to_physical(constants[name].astype(t["dtype"], copy=False),
+                                              tuple(t["layout"]) if t["layout"] else None),
+                                  requirements=["C", "W"])
             return self._buffers[plan.tensor_buffer[name]]
 
         self._calls = []
@@ -96,7 +97,7 @@ class Module:
                 elif a.startswith("in"):
                     args.append(buf(s["inputs"][int(a[2:])]))
                 else:
-                    args.append(packed[a])
+                    args.append(np.require(packed[a], requirements=["C", "W"]))
             self._calls.append((fn, tuple(args)))
             self.step_names.append(s["pattern"])
         self._in = [(i["name"], tuple(i["shape"]), np.dtype(i["dtype"]), buf(i["name"]))

@@ -1,0 +1,132 @@
+"""modelc.compile end to end: every example model against onnxruntime, save/load, errors, safety."""
+import glob
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import models
+import modelc
+from modelc.errors import InputError, ModelcError
+from modelc.kernels import cache
+
+SHAPES = {"transformer": None}
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return {}
+
+
+def _module(compiled, name):
+    if name not in compiled:
+        path = models.cached_path(name)
+        shape = SHAPES.get(name, {"input": (1, 3, 224, 224)})
+        compiled[name] = (path, modelc.compile(path, shape=shape))
+    return compiled[name]
+
+
+@pytest.mark.parametrize("name", sorted(models.MODELS))
+def test_example_model_matches_onnxruntime(compiled, name):
+    path, mod = _module(compiled, name)
+    assert not mod.fallbacks, f"groups without a kernel: {mod.fallbacks}"
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    spec = mod.input_specs[0]
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal(spec["shape"]).astype(np.float32)
+        want = sess.run(None, {spec["name"]: x})[0]
+        got = mod(x)
+        scale = float(np.abs(want).max())
+        assert np.abs(got - want).max() <= 1e-4 * scale
+        assert (got.reshape(got.shape[0], -1).argmax(-1) == want.reshape(want.shape[0], -1).argmax(-1)).all()
+
+
+def test_save_load_round_trip_compiles_nothing(compiled, tmp_path, monkeypatch):
+    path, mod = _module(compiled, "mobilenet_v2")
+    out = tmp_path / "m.mc"
+    mod.save(str(out))
+    with open(out, "rb") as f:
+        assert f.read(2) == b"PK"                    # a zip of JSON and .npy: data, not code
+    calls = []
+    monkeypatch.setattr(cache, "_compile_in_subprocesses", lambda *a, **k: calls.append(a))
+    loaded = modelc.load(str(out))
+    assert not calls                                  # every kernel came from the cache
+    x = np.random.default_rng(5).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.testing.assert_array_equal(loaded(x), mod(x))
+    assert mod.memory_report()["planned_bytes"] < mod.memory_report()["one_buffer_per_tensor_bytes"]
+
+
+def test_load_rejects_bad_files(tmp_path):
+    bad = tmp_path / "bad.mc"
+    bad.write_bytes(b"not a module")
+    with pytest.raises(ModelcError, match="not a modelc module"):
+        modelc.load(str(bad))
+    with pytest.raises(ModelcError, match="does not exist"):
+        modelc.load(str(tmp_path / "missing.mc"))
+
+
+def test_load_checks_format_version(compiled, tmp_path):
+    import json
+    import zipfile
+    _, mod = _module(compiled, "mobilenet_v2")
+    good, old = tmp_path / "a.mc", tmp_path / "b.mc"
+    mod.save(str(good))
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(old, "w") as zout:
+        for item in zin.namelist():
+            data = zin.read(item)
+            if item == "program.json":
+                prog = json.loads(data)
+                prog["format"] = 999
+                data = json.dumps(prog).encode()
+            zout.writestr(item, data)
+    with pytest.raises(ModelcError, match="format 999"):
+        modelc.load(str(old))
+
+
+def test_wrong_inputs_give_clear_errors(compiled):
+    _, mod = _module(compiled, "mobilenet_v2")
+    with pytest.raises(InputError, match="shape"):
+        mod(np.zeros((1, 3, 200, 224), np.float32))
+    with pytest.raises(InputError, match="dtype"):
+        mod(np.zeros((1, 3, 224, 224), np.float64))
+    with pytest.raises(InputError, match="unknown"):
+        mod.run({"image": np.zeros((1, 3, 224, 224), np.float32)})
+
+
+def test_hostile_names_never_reach_generated_source(tmp_path, monkeypatch):
+    evil = "x');import os;os.system('echo pwned')#"
+    w = numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), evil + "w")
+    nodes = [helper.make_node("Conv", [evil, evil + "w"], [evil + "c"], name=evil, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", [evil + "c"], [evil + "y"], name=evil + "2")]
+    g = helper.make_graph(nodes, evil, [helper.make_tensor_value_info(evil, TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info(evil + "y", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    monkeypatch.setenv("MODELC_CACHE_DIR", str(tmp_path))
+    mod = modelc.compile(m)
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {evil: x})[0]
+    np.testing.assert_allclose(mod(x), want, rtol=1e-5, atol=1e-5)
+    sources = glob.glob(os.path.join(str(tmp_path), "kernels", "*.py"))
+    assert sources
+    for src in sources:
+        text = open(src).read()
+        assert "pwned" not in text and "os.system" not in text
+
+
+def test_cli_compile_and_run(tmp_path, capsys):
+    from modelc.cli import main
+    out = tmp_path / "m.mc"
+    assert main(["compile", "mobilenet_v2", "-o", str(out), "-q"]) == 0
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(out), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")]) == 0
+    y = np.load(tmp_path / "y.npy")
+    assert y.shape == (1, 1000)
+    assert main(["run", str(tmp_path / "nope.mc")]) == 2
+    assert "does not exist" in capsys.readouterr().err
