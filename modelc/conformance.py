@@ -95,7 +95,12 @@ def _bind_shape_parameters(model: onnx.ModelProto, feeds: dict) -> onnx.ModelPro
     return m
 
 
-def run_case(case) -> CaseResult:
+def run_case(case, backend: str = "reference") -> CaseResult:
+    """Run one case through the reference executor, or through `modelc.compile` (kernels)."""
+    return _run_case(case, backend)
+
+
+def _run_case(case, backend) -> CaseResult:
     model = case.model
     op_types = tuple(sorted({n.op_type for n in model.graph.node}))
     missing = _unsupported_ops(model)
@@ -117,7 +122,15 @@ def run_case(case) -> CaseResult:
                                                         if n in {i.name for i in m.graph.input}})
             feeds = {n: x for n, x in feeds.items() if n in graph.inputs}
             with np.errstate(all="ignore"):
-                got = reference.run(graph, feeds)
+                if backend == "compile":
+                    from .compiler import compile as compile_graph
+                    mod = compile_graph(graph)
+                    if mod.fallbacks:
+                        return CaseResult(case.name, op_types, NOT_RUN,
+                                          "no kernel: " + ", ".join(sorted(set(mod.fallbacks))))
+                    got = mod.run(feeds)
+                else:
+                    got = reference.run(graph, feeds)
             for out_name, exp in zip([o.name for o in model.graph.output], expected):
                 exp = np.asarray(exp)
                 res = got[out_name]
@@ -189,8 +202,14 @@ def run_model_dir(path: str, rtol: float = 1e-3, atol: float = 1e-7) -> CaseResu
     return run_case(case)
 
 
-def run_all(pattern: str | None = None) -> list[CaseResult]:
-    return [run_case(c) for c in collect_cases() if pattern is None or pattern in c.name]
+def run_all(pattern: str | None = None, backend: str = "reference", sample: int | None = None) -> list:
+    """Every case (or an evenly spaced sample of those the reference passes) through `backend`."""
+    cases = [c for c in collect_cases() if pattern is None or pattern in c.name]
+    if sample is not None:
+        ok = [c for c in cases if run_case(c).status == PASSED]
+        step = max(1, len(ok) // sample)
+        cases = ok[::step][:sample]
+    return [run_case(c, backend) for c in cases]
 
 
 def summarize(results: list[CaseResult], out=sys.stdout, verbose: bool = False):
@@ -225,10 +244,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m modelc.conformance", description=__doc__)
     p.add_argument("-k", "--pattern", help="only cases whose name contains this")
     p.add_argument("-v", "--verbose", action="store_true", help="list every case not run")
+    p.add_argument("--compile", action="store_true",
+                   help="run the cases through modelc.compile (generated kernels) instead")
+    p.add_argument("--sample", type=int, help="only an evenly spaced sample of N passing cases")
     p.add_argument("--write-baseline", metavar="FILE",
                    help="write the names of the passing cases (the regression baseline) to FILE")
     args = p.parse_args(argv)
-    results = run_all(args.pattern)
+    results = run_all(args.pattern, "compile" if args.compile else "reference", args.sample)
     summarize(results, verbose=args.verbose)
     if args.write_baseline:
         with open(args.write_baseline, "w") as f:

@@ -35,3 +35,21 @@ def test_every_case_not_run_has_a_reason(results):
     for r in results.values():
         if r.status == conformance.NOT_RUN:
             assert r.reason
+
+
+def _through_compile(sample):
+    results = conformance.run_all(backend="compile", sample=sample)
+    ran = [r for r in results if r.status != conformance.NOT_RUN]
+    failed = [f"{r.name}: {r.reason}" for r in results if r.status == conformance.FAILED]
+    assert not failed, "\n".join(failed)
+    return ran
+
+
+def test_sample_of_cases_through_compiled_kernels():
+    ran = _through_compile(sample=24)
+    assert len(ran) >= 12          # most sampled cases have kernels, not the reference fallback
+
+
+@pytest.mark.slow
+def test_all_cases_through_compiled_kernels():
+    _through_compile(sample=None)
