@@ -1,0 +1,215 @@
+"""Tuning records: one JSON object per line, appended and flushed as each measurement lands.
+
+The log is the database: resuming a run, `ApplyHistoryBest` and the cost model's warm start all
+read it. A killed run loses nothing that was measured (every line is flushed and fsynced before
+the next measurement starts); a corrupt or foreign line is skipped with one warning counting them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+from .. import __version__
+from ..errors import ModelcError
+from . import dispatch
+
+RECORD_VERSION = 1
+
+NO_ERROR, COMPILE_ERROR, RUNTIME_ERROR, RUN_TIMEOUT, WRONG_RESULT, BUILD_TIMEOUT = range(6)
+ERROR_NAMES = {NO_ERROR: "ok", COMPILE_ERROR: "compile error", RUNTIME_ERROR: "runtime error",
+               RUN_TIMEOUT: "run timeout", WRONG_RESULT: "wrong result", BUILD_TIMEOUT: "build timeout"}
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def current_target(threads: int | None = None) -> dict:
+    """What a measurement depends on: CPU model, ISA features numba compiles for, thread count."""
+    import numba
+    import llvmlite.binding as llvm
+    feats = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    isa = sorted(f[1:] for f in feats.split(",") if f.startswith("+") and
+                 f[1:].startswith(("avx", "fma", "sse4", "amx", "neon", "sve")))
+    return {"cpu": _cpu_model(), "llvm_cpu": numba.config.CPU_NAME or llvm.get_host_cpu_name(),
+            "isa": isa, "threads": int(threads or numba.get_num_threads())}
+
+
+def same_target(a: dict, b: dict) -> bool:
+    return (a.get("cpu"), a.get("isa"), a.get("threads")) == (b.get("cpu"), b.get("isa"), b.get("threads"))
+
+
+@dataclass
+class Record:
+    key: str
+    desc: str
+    template: str
+    config: dict
+    costs: list                       # seconds per run; empty on error
+    error: int = NO_ERROR
+    error_msg: str = ""
+    target: dict = field(default_factory=dict)
+    workload: dict | None = None
+    timestamp: float = 0.0
+    version: str = __version__
+
+    @property
+    def cost(self) -> float:
+        """Median latency in seconds; infinity for failed measurements."""
+        if self.error != NO_ERROR or not self.costs:
+            return float("inf")
+        s = sorted(self.costs)
+        return s[len(s) // 2]
+
+    def to_json(self) -> str:
+        return json.dumps({"v": RECORD_VERSION, "key": self.key, "desc": self.desc, "template": self.template,
+                           "config": self.config, "costs": self.costs, "error": self.error,
+                           "error_msg": self.error_msg[:500], "target": self.target, "workload": self.workload,
+                           "time": self.timestamp, "modelc": self.version}, separators=(",", ":"))
+
+    @staticmethod
+    def from_json(line: str) -> "Record":
+        d = json.loads(line)
+        if not isinstance(d, dict) or d.get("v") != RECORD_VERSION:
+            raise ValueError("not a modelc record of this version")
+        return Record(d["key"], d.get("desc", ""), d["template"], d["config"], list(d["costs"]),
+                      int(d["error"]), d.get("error_msg", ""), d.get("target", {}), d.get("workload"),
+                      float(d.get("time", 0.0)), d.get("modelc", ""))
+
+
+class RecordWriter:
+    """Appends records to a log; each one is on disk before `write` returns."""
+
+    def __init__(self, path: str):
+        self.path = path
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        self._f = open(path, "a", encoding="utf-8")
+        if self._f.tell() > 0:                   # a killed writer may have left half a line
+            with open(path, "rb") as r:
+                r.seek(-1, os.SEEK_END)
+                if r.read(1) != b"\n":
+                    self._f.write("\n")
+
+    def write(self, rec: Record):
+        self._f.write(rec.to_json() + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self):
+        self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load_records(path_or_lines, warn: bool = True) -> list:
+    """Records of a log; corrupt or foreign lines are skipped with one warning that counts them."""
+    if isinstance(path_or_lines, (str, os.PathLike)):
+        if not os.path.exists(path_or_lines):
+            return []
+        with open(path_or_lines, encoding="utf-8", errors="replace") as f:
+            lines = f.readlines()
+        where = os.fspath(path_or_lines)
+    else:
+        lines, where = list(path_or_lines), "the records"
+    out, bad = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            out.append(Record.from_json(line))
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+    if bad and warn:
+        warnings.warn(f"skipped {bad} corrupt or foreign line(s) in {where}", stacklevel=2)
+    return out
+
+
+def best_by_key(records, target: dict | None = None) -> dict:
+    """The best valid record per (workload key, template) for `target` (None: any target)."""
+    best: dict = {}
+    for r in records:
+        if r.error != NO_ERROR or (target is not None and not same_target(r.target, target)):
+            continue
+        k = (r.key, r.template)
+        if k not in best or r.cost < best[k].cost:
+            best[k] = r
+    return best
+
+
+def distill(src: str, dst: str) -> int:
+    """Keep the best record per workload and target; returns how many were written."""
+    recs = load_records(src)
+    best: dict = {}
+    for r in recs:
+        if r.error != NO_ERROR:
+            continue
+        k = (r.key, r.template, json.dumps(r.target, sort_keys=True))
+        if k not in best or r.cost < best[k].cost:
+            best[k] = r
+    tmp = dst + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in best.values():
+            f.write(r.to_json() + "\n")
+    os.replace(tmp, dst)
+    return len(best)
+
+
+class ApplyHistoryBest:
+    """Under this context, `modelc.compile` uses the best record per workload from a log.
+
+    Records of another target (CPU, ISA, thread count) are ignored unless `any_target=True`.
+    When `compile` finishes, one line says how many workloads were tuned and names the rest.
+    """
+
+    def __init__(self, log_or_records, any_target: bool = False, target: dict | None = None):
+        if isinstance(log_or_records, (str, os.PathLike)):
+            if not os.path.exists(log_or_records):
+                raise ModelcError(f"tuning log {os.fspath(log_or_records)!r} does not exist")
+            recs = load_records(log_or_records)
+        else:
+            recs = list(log_or_records)
+        self.target = target or current_target()
+        self.best = best_by_key(recs, None if any_target else self.target)
+        self.hits: list = []
+        self.misses: list = []
+
+    def query(self, key: str, template: str):
+        rec = self.best.get((key, template))
+        return None if rec is None else rec.config
+
+    def report(self, steps: list, file=sys.stderr):
+        tuned = [s for s in steps if (s["key"], s["template"]) in self.best]
+        missed = [s for s in steps if (s["key"], s["template"]) not in self.best]
+        self.hits, self.misses = tuned, missed
+        uniq = sorted({s["desc"] for s in missed})
+        line = f"ApplyHistoryBest: {len({s['key'] for s in tuned})} of " \
+               f"{len({s['key'] for s in steps})} tunable workloads tuned"
+        if uniq:
+            line += f"; untuned (default config): {'; '.join(uniq[:8])}" + (" ..." if len(uniq) > 8 else "")
+        print(line, file=file)
+
+    def __enter__(self):
+        dispatch.push(self)
+        return self
+
+    def __exit__(self, *exc):
+        dispatch.pop(self)
+
