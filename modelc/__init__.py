@@ -8,6 +8,8 @@ from .tune.task import extract_tasks  # noqa: E402
 from . import reference  # noqa: E402
 from .compiler import compile  # noqa: E402
 from .runtime import Module, load  # noqa: E402
+from .tune.records import ApplyHistoryBest  # noqa: E402
+from .tune.tuning import tune  # noqa: E402
 
-__all__ = ["ModelcError", "Module", "compile", "extract_tasks", "from_onnx", "load", "reference",
+__all__ = ["ApplyHistoryBest", "ModelcError", "Module", "compile", "tune", "extract_tasks", "from_onnx", "load", "reference",
            "__version__"]

@@ -93,9 +93,14 @@ def cmd_tasks(args):
 def cmd_compile(args):
     import time
     from .compiler import compile as compile_model
+    from .tune.records import ApplyHistoryBest
     t0 = time.perf_counter()
     graph = _import(args)
-    mod = compile_model(graph, jobs=args.jobs, progress=not args.quiet)
+    if args.log:
+        with ApplyHistoryBest(args.log):
+            mod = compile_model(graph, jobs=args.jobs, progress=not args.quiet)
+    else:
+        mod = compile_model(graph, jobs=args.jobs, progress=not args.quiet)
     out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".mc"
     mod.save(out)
     mem = mod.memory_report()
@@ -129,6 +134,32 @@ def cmd_run(args):
         b = mod.benchmark()
         print(f"latency median {b['median_ms']:.3f} ms (min {b['min_ms']:.3f}, max {b['max_ms']:.3f}, "
               f"{b['repeat']} x {b['number']} runs)")
+
+
+def cmd_tune(args):
+    from .tune.measure import MeasureOptions
+    from .tune.tuning import tune
+    graph = _import(args)
+    opts = MeasureOptions(number=args.number, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                          build_timeout=args.build_timeout, run_timeout=args.run_timeout)
+    tune(graph, n_trials=args.trials, log=args.log, tuner=args.tuner, strategy=args.strategy,
+         trials_per_round=args.trials_per_round, early_stopping=args.early_stopping,
+         measure_options=opts, verbose=0 if args.quiet else (2 if args.verbose else 1), seed=args.seed)
+
+
+def cmd_records(args):
+    from .tune import records as R
+    if args.action == "distill":
+        out = args.output or args.log.replace(".jsonl", "") + ".best.jsonl"
+        n = R.distill(args.log, out)
+        print(f"wrote {n} record(s) (best per workload and target) to {out}")
+    else:
+        recs = R.load_records(args.log)
+        best = R.best_by_key(recs)
+        errors = sum(r.error != R.NO_ERROR for r in recs)
+        print(f"{len(recs)} records, {errors} errors, {len(best)} workloads")
+        for (key, tpl), r in sorted(best.items(), key=lambda kv: kv[1].desc):
+            print(f"  {r.desc[:60]:<62}{r.cost * 1e3:9.4f} ms  {tpl}  {r.config}")
 
 
 def cmd_export(args):
@@ -190,8 +221,32 @@ def build_parser() -> argparse.ArgumentParser:
     s = model_cmd("compile", "compile a model into a module file")
     s.add_argument("-o", "--output", help="module path (default: MODEL.mc)")
     s.add_argument("-j", "--jobs", type=int, help="parallel kernel compiles (default: cores)")
+    s.add_argument("--log", help="use the best records of this tuning log (ApplyHistoryBest)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_compile)
+
+    s = model_cmd("tune", "tune the model's kernels, appending every measurement to a log")
+    s.add_argument("--trials", type=int, default=1000, help="total measurement budget (default 1000)")
+    s.add_argument("--log", default="tuning.jsonl", help="JSON-lines log; resumed if it exists")
+    s.add_argument("--tuner", default="xgb", choices=["xgb", "ga", "random", "grid"])
+    s.add_argument("--strategy", default="gradient", choices=["gradient", "round-robin"])
+    s.add_argument("--trials-per-round", type=int, default=16)
+    s.add_argument("--early-stopping", type=int, help="stop a task after this many trials without gain")
+    s.add_argument("--number", type=int, default=5)
+    s.add_argument("--repeat", type=int, default=3)
+    s.add_argument("--min-repeat-ms", type=float, default=20.0)
+    s.add_argument("--build-timeout", type=float, default=120.0)
+    s.add_argument("--run-timeout", type=float, default=30.0)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("-v", "--verbose", action="store_true", help="also print every failed measurement")
+    s.set_defaults(fn=cmd_tune)
+
+    s = sub.add_parser("records", help="inspect or distill a tuning log")
+    s.add_argument("action", choices=["distill", "show"])
+    s.add_argument("log")
+    s.add_argument("-o", "--output", help="distill: output path (default LOG.best.jsonl)")
+    s.set_defaults(fn=cmd_records)
 
     s = sub.add_parser("run", help="run a compiled module")
     s.add_argument("module", help="a .mc file written by `modelc compile`")

@@ -139,18 +139,28 @@ def workload_key(workload: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def group_flops(graph: Graph, node: Node) -> int:
+def _flops(graph: Graph, nodes) -> int:
     """2 x MACs for the compute ops, plus one operation per output element for the others."""
-    sub = node.subgraph
-    g = sub if sub is not None else graph
     total = 0
-    for n in (sub.topo() if sub is not None else [node]):
-        macs = node_macs(g, n)
+    for n in nodes:
+        macs = node_macs(graph, n)
         if macs:
             total += 2 * macs
         elif n.op_type not in ("Reshape", "Identity", "Flatten", "Squeeze", "Unsqueeze"):
-            total += sum(g.tensors[o].size for o in n.outputs if o)
+            total += sum(graph.tensors[o].size for o in n.outputs if o)
     return int(total)
+
+
+def group_flops(graph: Graph, node: Node) -> int:
+    sub = node.subgraph
+    return _flops(sub, sub.topo()) if sub is not None else _flops(graph, [node])
+
+
+def workload_flops(workload: dict) -> int:
+    """FLOPs of a workload from its JSON alone (for records of tasks not in the current model)."""
+    from ..kernels.workload import Workload
+    g = Workload(workload).to_graph()
+    return _flops(g, g.topo())
 
 
 def _anchor(node: Node) -> Node:

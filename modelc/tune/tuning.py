@@ -1,0 +1,169 @@
+"""`modelc.tune`: split a trial budget across a model's tasks and search each one, logging everything.
+
+Top to bottom: lower the model and keep the tunable tasks; read the log (resume: trial counts,
+best latencies and measured configs come back, and the cost models warm-start from every record);
+then Ansor's task scheduler hands out rounds, each round asks that task's tuner for candidates,
+measures them (parallel builds, one-at-a-time checked runs) and appends every record to the log
+before the next round starts.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ..frontend import from_onnx
+from ..ir import Graph
+from ..kernels import templates as _templates  # noqa: F401
+from ..kernels.space import ConfigSpace
+from ..kernels.template import Template, select
+from ..kernels.workload import Workload
+from . import records as R
+from .measure import MeasureOptions, Measurer
+from .task import tasks_from_graph
+
+
+@dataclass
+class TuningTask:
+    key: str
+    desc: str
+    weight: int
+    flops: int
+    workload: dict = field(repr=False)
+    wl: Workload = field(repr=False)
+    template: Template = field(repr=False)
+    space: ConfigSpace = field(repr=False)
+
+
+def tuning_tasks(model, shape: dict | None = None) -> list:
+    """The model's tasks that have a tunable template with more than one config."""
+    from ..compiler import lower
+    graph = model if isinstance(model, Graph) else from_onnx(model, shape=shape)
+    out = []
+    for t in tasks_from_graph(lower(graph)):
+        wl = Workload(t.workload)
+        tpl = select(wl)
+        if not tpl.tunable:
+            continue
+        space = tpl.space(wl)
+        if len(space) <= 1:
+            continue
+        out.append(TuningTask(t.key, t.desc, t.weight, t.flops, t.workload, wl, tpl, space))
+    return out
+
+
+class _Progress:
+    """A tqdm bar over trials (the per-round table is the scheduler's callback)."""
+
+    def __init__(self, total: int, initial: int, quiet: bool):
+        self.bar = None
+        if not quiet:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=min(initial, total), desc="tuning", unit="trial",
+                            file=sys.stderr, dynamic_ncols=True)
+
+    def update(self, n, best_ms=None):
+        if self.bar is not None:
+            self.bar.update(n)
+            if best_ms is not None:
+                self.bar.set_postfix_str(f"est. total {best_ms:.2f} ms")
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | None = None,
+         tuner: str = "xgb", strategy: str = "gradient", trials_per_round: int = 16,
+         early_stopping: int | None = None, measure_options: MeasureOptions | None = None,
+         verbose: int = 1, callbacks=(), seed: int = 0, tasks: list | None = None):
+    """Tune a model's kernels with a budget of `n_trials` measurements, appending to `log`.
+
+    The budget counts the trials already in the log for these tasks, so running the same
+    command again after an interruption resumes and stops at the same total.
+    verbose: 0 quiet, 1 progress bar and per-round table, 2 also every measurement error.
+    Returns the scheduler (best latencies, trials per task, the round log).
+    """
+    from .scheduler import PrintTableCallback, TaskScheduler
+    from .tuner import TUNERS
+    if tuner not in TUNERS:
+        from ..errors import ModelcError
+        raise ModelcError(f"unknown tuner {tuner!r}; choose from {sorted(TUNERS)}")
+    tasks = tasks if tasks is not None else tuning_tasks(model, shape)
+    target = R.current_target()
+    prior = [r for r in R.load_records(log) if R.same_target(r.target, target)]
+    by_task = {(t.key, t.template.name): i for i, t in enumerate(tasks)}
+    history: dict = {}
+    for r in prior:
+        i = by_task.get((r.key, r.template))
+        if i is not None:
+            history.setdefault(i, []).append(r.cost)
+    tuners = [TUNERS[tuner](t, seed=seed + i) for i, t in enumerate(tasks)]
+    rtasks: dict = {}
+    warm = [(rtasks.setdefault(r.key, _RecordTask(r)), r.config, r.cost) for r in prior
+            if r.workload is not None]
+    for tn in tuners:
+        tn.load_history(warm)
+
+    measurer = Measurer(measure_options)
+    writer = R.RecordWriter(log)
+    done = sum(len(v) for v in history.values())
+    progress = _Progress(n_trials, done, verbose == 0)
+
+    def tune_round(i: int, n: int) -> list:
+        configs = tuners[i].next_batch(n)
+        if not configs:
+            return []
+        recs = measurer.measure(tasks[i], configs, target)
+        for rec in recs:
+            writer.write(rec)
+            if verbose >= 2 and rec.error:
+                print(f"[{tasks[i].desc}] {R.ERROR_NAMES[rec.error]}: {rec.error_msg}", file=sys.stderr)
+        costs = [rec.cost for rec in recs]
+        tuners[i].update(configs, costs)
+        progress.update(len(recs))
+        return costs
+
+    cbs = list(callbacks)
+    if verbose >= 1:
+        cbs.append(PrintTableCallback(file=sys.stderr))
+    sched = TaskScheduler(tasks, strategy=strategy, early_stopping_task=early_stopping, callbacks=cbs,
+                          seed=seed)
+    t0 = time.time()
+    try:
+        sched.tune(n_trials, trials_per_round, tune_round, history=history)
+    finally:
+        progress.close()
+        writer.close()
+        measurer.close()
+    if verbose >= 1:
+        print(f"tuning finished: {sched.total_trials} trials in {time.time() - t0:.0f} s, estimated total "
+              f"latency {sched.objective_value() * 1e3:.3f} ms; log: {log}", file=sys.stderr)
+    return sched
+
+
+class _RecordTask:
+    """What a tuner's warm start needs to know about the task a logged record belongs to."""
+
+    def __init__(self, rec: R.Record):
+        self.key = rec.key
+        self.workload = rec.workload
+        self.wl = Workload(rec.workload)
+        self.template_name = rec.template
+        self._template = None
+
+    @property
+    def template(self):
+        if self._template is None:
+            from ..kernels.template import get
+            self._template = get(self.template_name)
+        return self._template
+
+    @property
+    def space(self):
+        return self.template.space(self.wl)
+
+    @property
+    def flops(self):
+        from .task import workload_flops
+        return workload_flops(self.workload)
