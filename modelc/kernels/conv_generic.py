@@ -1,0 +1,399 @@
+"""The fallback convolution: any Conv (or ConvTranspose) the specialised templates do not take.
+
+Grouped convolutions (C/group > 1), 1-d and 3-d convolutions, channel counts without a block,
+plain layouts, explicit (also asymmetric) pads, strides and dilations, float32 or float64. Direct
+loops, parallel over (image, output-channel tile, leading output coordinates, output-column
+tile), with a register tile of output channels x output columns on a stack array. Inputs and
+outputs may be plain or blocked (NCHW[b]c with a halo, through `layout.offset`); padding is
+always handled by bounds, never by reading a halo: out-of-range input rows are skipped, and
+along the row either the valid column range is computed per kernel column or the row is staged.
+The fused elementwise epilogue (bias, activations, residual add ...) runs on each value before
+it is stored; several outputs may be taken from the chain (e.g. before and after an activation).
+
+Two formulations (knob `vector_axis`):
+- "ow": the innermost loop runs along the output row, over `tile_ow` columns for `tile_oc`
+  output channels that share each input load (acc[channel, column]). With `stage_row` (Conv)
+  the input row a tile reads is first copied, zero-padded, into a stack buffer (phase-major at
+  stride > 1), so the multiply-add loops have constant trip counts and no bounds (2x faster at
+  stride 1; the strided copy loses at stride 2); without it each kernel column runs over its
+  valid range of output columns.
+- "oc" (Conv with a constant weight and 8k output channels per group): conv2d's register tile,
+  `tile_ow` columns x `tile_oc` channels, weights packed [K/tile_oc, Cg, *k, tile_oc], one
+  broadcast input scalar per column times a channel vector; tiles touching the padding load
+  their inputs through bounds checks (a separate path, so interior tiles have none).
+`unroll_kw` writes the kernel-column loop out ("ow" only).
+
+ConvTranspose ("ow"): output columns are computed per phase (ow mod stride), so that for each
+kernel column the input columns of a tile are contiguous; taps of the wrong phase are skipped.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from .expr import SUPPORTED, ctor, lit
+from .layout import offset, strides
+from .space import ConfigSpace
+from .template import Kernel, Template, epilogue, epilogue_inputs, register, source
+from .workload import Workload
+
+OWT_CANDIDATES = [1, 2, 4, 6, 7, 8, 12, 14, 16, 28, 32, 56, 64, 112, 128]
+MAX_TILE_VECTORS = 28        # accumulators that fit in AVX-512's 32 vector registers
+
+
+def _attr_list(attrs, name, n, default):
+    v = attrs.get(name)
+    return [int(a) for a in v] if v is not None and len(v) else [default] * n
+
+
+def _geometry(wl: Workload) -> dict:
+    conv = wl.anchor
+    x, w = wl.spec(conv.args[0]), wl.spec(conv.args[1])
+    out = wl.spec(f"v{conv.index}")
+    nd = len(x.shape) - 2
+    a = conv.attrs
+    transpose = conv.op == "ConvTranspose"
+    group = int(a.get("group", 1))
+    kernel = list(w.shape[2:])
+    st = _attr_list(a, "strides", nd, 1)
+    dil = _attr_list(a, "dilations", nd, 1)
+    if transpose:
+        from ..ops.nn import _convt_geometry
+        geo = _convt_geometry(x.shape, w.shape, a.get("auto_pad", "NOTSET"), dil, a.get("kernel_shape"),
+                              a.get("output_padding"), a.get("output_shape"), a.get("pads"), st)
+        begin = [int(b) for b in geo.begin]
+        cg, kg = x.shape[1] // group, w.shape[1]
+    else:
+        begin = _attr_list(a, "pads", 2 * nd, 0)[:nd]
+        cg, kg = w.shape[1], w.shape[0] // group
+    return dict(N=x.shape[0], C=x.shape[1], K=out.shape[1], G=group, Cg=cg, Kg=kg, nd=nd,
+                I=list(x.shape[2:]), O=list(out.shape[2:]), KS=kernel, s=st, d=dil, p=begin,
+                T=transpose, dtype=x.dtype)
+
+
+@register
+class ConvGeneric(Template):
+    name = "conv_generic"
+
+    def matches(self, wl: Workload) -> bool:
+        a = wl.anchor
+        if a.op not in ("Conv", "ConvTranspose") or len(a.args) < 2 or not a.args[0].startswith("i"):
+            return False
+        x = wl.spec(a.args[0])
+        if len(x.shape) < 3 or x.dtype not in (np.float32, np.float64):
+            return False
+        if x.layout is not None and len(x.shape) != 4:
+            return False
+        if a.op == "Conv" and a.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+            return False
+        for pos, ref in enumerate(a.args[1:3], 1):
+            if not ref:
+                if pos == 1:
+                    return False
+                continue
+            if not (ref.startswith("i") or ref.startswith("p")):
+                return False
+            t = wl.spec(ref)
+            if t.layout is not None or t.dtype != x.dtype:
+                return False
+        try:
+            g = _geometry(wl)
+        except Exception:
+            return False
+        out_shape = wl.spec(f"v{a.index}").shape
+        for op in wl.epilogue:
+            if op.op not in SUPPORTED or wl.spec(f"v{op.index}").shape != out_shape:
+                return False
+            for ref in op.args:
+                if ref.startswith("p") and wl.params[ref].size != 1:
+                    return False
+                if ref.startswith("v") and "." in ref:
+                    return False
+        for t, v in zip(wl.outputs, wl.output_values):
+            if not v or not v.startswith("v") or "." in v or t.shape != out_shape:
+                return False
+            if t.layout is not None and len(t.shape) != 4:
+                return False
+        if g["T"] and g["O"][-1] < g["s"][-1]:
+            return False                       # a row shorter than the stride: empty phases
+        return g["nd"] >= 1 and min(g["O"]) >= 1
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        g = _geometry(wl)
+        ow = g["O"][-1] // (g["s"][-1] if g["T"] else 1)        # a transposed row runs per phase
+        sp = ConfigSpace()
+        owts = sorted({t for t in OWT_CANDIDATES if t <= ow} | ({ow} if ow <= 128 else set()))
+        sp.define_knob("tile_ow", owts)
+        sp.define_knob("tile_oc", [m for m in (1, 2, 4, 8, 16, 32) if g["Kg"] % m == 0])
+        sp.define_knob("vector_axis", ["ow", "oc"] if _oc_possible(wl, g) else ["ow"])
+        sp.define_annotate("unroll_kw", [False, True])
+        sp.define_knob("stage_row", [True, False] if not g["T"] else [False])
+        kw = g["KS"][-1]
+
+        def valid(cfg):
+            if cfg["unroll_kw"] and kw > 16:
+                return False
+            if cfg["vector_axis"] == "ow":
+                return cfg["tile_oc"] <= 8 and cfg["tile_ow"] * cfg["tile_oc"] <= 1024
+            return cfg["tile_oc"] >= 8 and cfg["tile_ow"] <= 16 and not cfg["unroll_kw"] and \
+                cfg["tile_ow"] * cfg["tile_oc"] <= 16 * MAX_TILE_VECTORS
+        sp.constraint = valid
+        return sp
+
+    def default_config(self, wl: Workload, space: ConfigSpace):
+        """Channel vectors (as conv2d) when a group has 8k output channels, else whole rows."""
+        g = _geometry(wl)
+        owts = space.knobs[0].values
+        ow = owts[-1] if g["O"][-1] > 128 else g["O"][-1] // (g["s"][-1] if g["T"] else 1)
+
+        def waste(t):
+            return (-(-ow // t) * t - ow) / ow
+
+        if "oc" in space.knobs[2].values:
+            oct_ = max(m for m in space.knobs[1].values if m <= 32)
+            target = min(14 * 16 // oct_, 16)            # about 14 accumulator vectors
+            owt = min([t for t in owts if t <= 16], key=lambda t: (waste(t) > 0.15, abs(t - target), -t))
+            return space.from_values({"tile_ow": owt, "tile_oc": oct_, "vector_axis": "oc",
+                                      "unroll_kw": False, "stage_row": space.knobs[4].values[0]})
+        unroll = g["KS"][-1] <= 7
+        owt = min(owts, key=lambda t: (waste(t) > 0.15, t > 64, -t))
+        oct_ = max(m for m in space.knobs[1].values if m <= 4)
+        return space.from_values({"tile_ow": owt, "tile_oc": oct_, "vector_axis": "ow",
+                                  "unroll_kw": unroll,
+                                  "stage_row": g["s"][-1] == 1 and not g["T"]})
+
+    def build(self, wl: Workload, cfg) -> Kernel:
+        g = _geometry(wl)
+        conv = wl.anchor
+        dt = np.dtype(g["dtype"])
+        OWT, OCT, unroll, axis = cfg["tile_ow"], cfg["tile_oc"], cfg["unroll_kw"], cfg["vector_axis"]
+        N, K, Cg, Kg, nd, TR = g["N"], g["K"], g["Cg"], g["Kg"], g["nd"], g["T"]
+        I, O, KS, S, D, P = g["I"], g["O"], g["KS"], g["s"], g["d"], g["p"]
+        OW, W, KW, sw, dw, pw = O[-1], I[-1], KS[-1], S[-1], D[-1], P[-1]
+        PH = sw if TR else 1                       # a transposed row is computed per phase mod sw
+        OWT = max(1, min(OWT, OW // PH))
+        NT = -(-(-(-OW // PH)) // OWT)
+        KO = K // OCT                              # output-channel tiles (never straddle a group)
+        lead = nd - 1
+        x_arg = int(conv.args[0][1:])
+        X = f"in{x_arg}"
+        x = wl.inputs[x_arg]
+        xsw = x.layout[0] if x.layout else 1       # physical stride along W
+        zero = lit(0, dt)
+        T = OWT * OCT
+        ksz, kstr = math.prod(KS), strides(KS)
+
+        # kernel arguments: outputs, input, weight, bias, epilogue inputs (each once)
+        args, dtypes, packs = [], [], {}
+        for k, t in enumerate(wl.outputs):
+            args.append(f"out{k}")
+            dtypes.append(t.dtype)
+        args.append(X)
+        dtypes.append(x.dtype)
+
+        def operand(ref, name, layout=None):
+            if ref.startswith("i") and not wl.inputs[int(ref[1:])].const:
+                if f"in{ref[1:]}" not in args:
+                    args.append(f"in{ref[1:]}")
+                    dtypes.append(dt)
+                return f"in{ref[1:]}"
+            args.append(name)
+            dtypes.append(dt)
+            packs[name] = (ref, layout)
+            return name
+
+        Wn = operand(conv.args[1], "w", "oc" if axis == "oc" else None)
+        has_bias = len(conv.args) > 2 and bool(conv.args[2])
+        Bn = operand(conv.args[2], "bias") if has_bias else None
+        ops = wl.epilogue
+        for k in epilogue_inputs(ops):
+            if f"in{k}" not in args:
+                args.append(f"in{k}")
+                dtypes.append(wl.inputs[k].dtype)
+
+        body = [f"for it in prange({N * KO * math.prod(O[:-1]) * PH * NT}):",
+                f"    t = it % {NT}",
+                f"    rest = it // {NT}"]
+        if TR:
+            body += [f"    ph = rest % {PH}",
+                     f"    rest = rest // {PH}",
+                     f"    j0 = min(t * {OWT}, ({OW + PH - 1} - ph) // {PH} - {OWT})"]
+        else:
+            body += [f"    ow0 = min(t * {OWT}, {OW - OWT})"]
+        for i in reversed(range(lead)):
+            body += [f"    o{i} = rest % {O[i]}", f"    rest = rest // {O[i]}"]
+        body += [f"    ko = rest % {KO}",
+                 f"    n = rest // {KO}",
+                 f"    k0 = ko * {OCT}",
+                 f"    grp = k0 // {Kg}",
+                 f"    acc = carray(stack_empty({T}, {ctor(dt)}), {T})"]
+        stage = axis == "ow" and not TR and cfg["stage_row"]
+        Wp = (OWT - 1) * sw + (KW - 1) * dw + 1   # input columns a tile reads
+        L = -(-Wp // sw)                           # staged phase-major: xbuf[u % sw, u // sw]
+        if stage:
+            body.append(f"    xbuf = carray(stack_empty({sw * L}, {ctor(dt)}), {sw * L})")
+        if axis == "ow":                           # acc[m, r]
+            for m in range(OCT):
+                init = f"{Bn}[np.uintp(k0 + {m})]" if has_bias else zero
+                body += [f"    b{m} = {init}",
+                         f"    for r in range({OWT}):",
+                         f"        acc[np.uintp({m * OWT} + r)] = b{m}"]
+        else:                                      # acc[r, m]
+            init = f"{Bn}[np.uintp(k0 + j)]" if has_bias else zero
+            body += [f"    for j in range({OCT}):",
+                     f"        bj = {init}"]
+            body += [f"        acc[np.uintp({r * OCT} + j)] = bj" for r in range(OWT)]
+            last = (OWT - 1) * sw + (KW - 1) * dw - pw      # input column of the tile's last tap
+            body += [f"    inner = ow0 * {sw} >= {pw} and ow0 * {sw} < {W - last}"]
+        body += [f"    for c in range({Cg}):",
+                 f"        ci = grp * {Cg} + c"]
+        ind = 8
+        for i in range(lead):
+            pre = " " * ind
+            body.append(f"{pre}for kd{i} in range({KS[i]}):")
+            pre += "    "
+            if TR:
+                body += [f"{pre}q{i} = o{i} + {P[i]} - kd{i} * {D[i]}",
+                         f"{pre}if q{i} < 0 or q{i} % {S[i]} != 0:",
+                         f"{pre}    continue",
+                         f"{pre}i{i} = q{i} // {S[i]}",
+                         f"{pre}if i{i} >= {I[i]}:",
+                         f"{pre}    continue"]
+            else:
+                body += [f"{pre}i{i} = o{i} * {S[i]} + kd{i} * {D[i]} - {P[i]}",
+                         f"{pre}if i{i} < 0 or i{i} >= {I[i]}:",
+                         f"{pre}    continue"]
+            ind += 4
+        pre = " " * ind
+        xrow = offset(x.shape, x.layout, ["n", "ci"] + [f"i{i}" for i in range(lead)] + ["0"])
+        tap = " + ".join([f"kd{i} * {kstr[i]}" for i in range(lead)] or ["0"])
+        body.append(f"{pre}xrow = {xrow}")
+        if stage:
+            ui = "u" if sw == 1 else f"u % {sw} * {L} + u // {sw}"
+            body += [f"{pre}base = ow0 * {sw} - {pw}",
+                     f"{pre}ulo = min(max(-base, 0), {Wp})",
+                     f"{pre}uhi = max(min({W} - base, {Wp}), ulo)",
+                     f"{pre}for u in range(ulo):",
+                     f"{pre}    xbuf[np.uintp({ui})] = {zero}",
+                     f"{pre}for u in range(uhi, {Wp}):",
+                     f"{pre}    xbuf[np.uintp({ui})] = {zero}",
+                     f"{pre}xs0 = xrow + base * {xsw}",
+                     f"{pre}for u in range(ulo, uhi):",
+                     f"{pre}    xbuf[np.uintp({ui})] = {X}[np.uintp(xs0 + u * {xsw})]"]
+        if axis == "oc":                           # weight packed [K/OCT, Cg, *k, OCT]
+            body.append(f"{pre}wrow = ((ko * {Cg} + c) * {ksz} + {tap}) * {OCT}")
+        else:
+            for m in range(OCT):
+                if TR:   # weight [C, Kg, *k]
+                    body.append(f"{pre}wr{m} = (ci * {Kg} + k0 + {m} - grp * {Kg}) * {ksz} + {tap}")
+                else:    # weight [K, Cg, *k]
+                    body.append(f"{pre}wr{m} = ((k0 + {m}) * {Cg} + c) * {ksz} + {tap}")
+
+        def fmas(pre, xv, r):
+            return [f"{pre}acc[np.uintp({m * OWT} + {r})] += {xv} * wv{m}" for m in range(OCT)]
+
+        def column(pre, kw):
+            """Multiply-adds of kernel column kw (a literal or the loop variable) into the tile."""
+            if axis == "oc":
+                lines = [f"{pre}xo = xrow + (ow0 * {sw} + {kw} * {dw} - {pw}) * {xsw}",
+                         f"{pre}if inner:"]
+                lines += [f"{pre}    x{r} = {X}[np.uintp(xo + {r * sw * xsw})]" for r in range(OWT)]
+                lines += [f"{pre}else:",
+                          f"{pre}    iw = ow0 * {sw} + {kw} * {dw} - {pw}"]
+                lines += [f"{pre}    x{r} = {X}[np.uintp(xo + {r * sw * xsw})] "
+                          f"if iw >= {-r * sw} and iw < {W - r * sw} else {zero}" for r in range(OWT)]
+                lines += [f"{pre}wo = np.uintp(wrow + {kw} * {OCT})",
+                          f"{pre}for j in range({OCT}):",
+                          f"{pre}    wv = {Wn}[wo + np.uintp(j)]"]
+                lines += [f"{pre}    acc[np.uintp({r * OCT} + j)] += x{r} * wv" for r in range(OWT)]
+                return lines
+            lines = [f"{pre}wv{m} = {Wn}[np.uintp(wr{m} + {kw})]" for m in range(OCT)]
+            if TR:
+                # output column ow = ph + sw * (j0 + r) reads input column (ow + pw - kw * dw) / sw
+                lines = [f"{pre}q = ph + {pw} - {kw} * {dw}",
+                         f"{pre}if q % {sw} == 0:"] + ["    " + ln for ln in lines]
+                p2 = pre + "    "
+                lines += [f"{p2}base = q // {sw} + j0",
+                          f"{p2}lo = max(-base, 0)",
+                          f"{p2}hi = min({W} - base, {OWT})",
+                          f"{p2}xo = xrow + base * {xsw}",
+                          f"{p2}for r in range(lo, hi):",
+                          f"{p2}    xv = {X}[np.uintp(xo + r * {xsw})]"]
+                return lines + fmas(p2 + "    ", "xv", "r")
+            if stage:
+                xk = (kw * dw % sw * L + kw * dw // sw) if isinstance(kw, int) else \
+                    f"kw * {dw} % {sw} * {L} + kw * {dw} // {sw}"
+                lines += [f"{pre}xk = np.uintp({xk})",
+                          f"{pre}for r in range({OWT}):",
+                          f"{pre}    xv = xbuf[xk + np.uintp(r)]"]
+                return lines + fmas(pre + "    ", "xv", "r")
+            if isinstance(kw, int):
+                lo = max(0, -((kw * dw - pw) // sw))                 # ceil((pw - kw*dw) / sw)
+                hi = min(OW, (W - 1 + pw - kw * dw) // sw + 1)
+                if hi <= lo:
+                    return []
+                lo_s, hi_s = str(lo), str(hi)
+            else:
+                lo_s = f"max(0, -((kw * {dw} - {pw}) // {sw}))"
+                hi_s = f"min({OW}, ({W - 1 + pw} - kw * {dw}) // {sw} + 1)"
+            lines += [f"{pre}lo = max({lo_s} - ow0, 0)",
+                      f"{pre}hi = min({hi_s} - ow0, {OWT})",
+                      f"{pre}xo = xrow + (ow0 * {sw} + {kw} * {dw} - {pw}) * {xsw}",
+                      f"{pre}for r in range(lo, hi):",
+                      f"{pre}    xv = {X}[np.uintp(xo + r * {sw * xsw})]"]
+            return lines + fmas(pre + "    ", "xv", "r")
+
+        if unroll:
+            for kw in range(KW):
+                body += column(pre, kw)
+        else:
+            body += [f"{pre}for kw in range({KW}):"] + column(pre + "    ", "kw")
+
+        # epilogue and stores
+        out_shape = wl.spec(f"v{conv.index}").shape
+        pos = {op.index: j for j, op in enumerate(ops)}
+
+        def store(pre, a, chan, r):
+            ow = f"ph + {sw} * (j0 + {r})" if TR else f"ow0 + {r}"
+            idx = ["n", chan] + [f"o{i}" for i in range(lead)] + [ow]
+            lines, _ = epilogue(wl, ops, "a", idx, out_shape, dt, f"v{conv.index}", var="e")
+            out = [f"{pre}a = {a}"] + [pre + _unsigned_inputs(ln) for ln in lines]
+            for k, (t, v) in enumerate(zip(wl.outputs, wl.output_values)):
+                j = int(v[1:])
+                val = "a" if j == conv.index else f"e{pos[j]}"
+                out.append(f"{pre}out{k}[np.uintp({offset(t.shape, t.layout, idx)})] = {val}")
+            return out
+
+        if axis == "ow":
+            for m in range(OCT):
+                body += [f"    for r in range({OWT}):"]
+                body += store("        ", f"acc[np.uintp({m * OWT} + r)]", f"k0 + {m}", "r")
+        else:
+            body += [f"    for j in range({OCT}):"]
+            for r in range(OWT):
+                body += store("        ", f"acc[np.uintp({r * OCT} + j)]", "k0 + j", str(r))
+
+        def pack(consts):
+            res = {}
+            for name, (ref, layout) in packs.items():
+                v = np.asarray(wl.params[ref] if ref.startswith("p") else consts[int(ref[1:])], dt)
+                if layout == "oc":                 # [K, Cg, *k] -> [K/OCT, Cg, *k, OCT]
+                    v = v.reshape(KO, OCT, Cg, ksz).transpose(0, 2, 3, 1)
+                res[name] = np.ascontiguousarray(v).reshape(-1)
+            return res
+
+        return Kernel(source(args, dtypes, body), args, pack)
+
+
+def _oc_possible(wl: Workload, g: dict) -> bool:
+    """Channel vectors need a packable (constant) weight and 8k output channels per group."""
+    w = wl.anchor.args[1]
+    const = w.startswith("p") or wl.inputs[int(w[1:])].const
+    return not g["T"] and const and g["Kg"] % 8 == 0
+
+
+def _unsigned_inputs(line: str) -> str:
+    """Epilogue reads of workload inputs with unsigned indices (numba then skips wrap checks)."""
+    return re.sub(r"\b(in\d+)\[([^\[\]]+)\]", r"\1[np.uintp(\2)]", line)

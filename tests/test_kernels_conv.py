@@ -1,0 +1,167 @@
+"""Depthwise and generic convolution templates against the reference executor.
+
+Hand-made workloads (the JSON `tune.task.workload_of` writes) cover MobileNetV2-style depthwise
+layers in the blocked layout (stride 1/2, output halos, ReLU6, residual add) and the fallback's
+cases: grouped, dilated, asymmetric pads, 1-d, 3-d, odd channels, plain and blocked layouts,
+several outputs, ConvTranspose. Each runs its default config and a few seeded random configs.
+"""
+import random
+
+import pytest
+
+from modelc.kernels import template, templates, testing  # noqa: F401  (registers the templates)
+from modelc.kernels.layout import choose_block
+from modelc.kernels.workload import Workload
+
+TOL = 1e-5
+CLIP = {"p0": {"dtype": "float32", "shape": [], "value": 0.0},
+        "p1": {"dtype": "float32", "shape": [], "value": 6.0}}
+
+
+def conv_wl(x_shape, w_shape, *, op="Conv", group=1, strides=None, dilations=None, pads=None,
+            bias=True, clip=False, relu=False, res=False, x_layout=None, out_layout=None,
+            res_layout=None, extra_attrs=None, outputs="last", dtype="float32"):
+    """A fused Conv (+ bias) [+ Clip(0, 6) | Relu] [+ residual Add] workload."""
+    nd = len(x_shape) - 2
+    strides = strides or [1] * nd
+    dilations = dilations or [1] * nd
+    pads = pads if pads is not None else [0] * (2 * nd)
+    attrs = {"kernel_shape": list(w_shape[2:]), "strides": strides, "dilations": dilations,
+             "group": group}
+    if op == "Conv":
+        attrs["pads"] = pads
+        k_out = w_shape[0]
+        o_sp = [(x_shape[2 + i] + pads[i] + pads[nd + i] - dilations[i] * (w_shape[2 + i] - 1) - 1)
+                // strides[i] + 1 for i in range(nd)]
+    else:
+        attrs["pads"] = pads
+        attrs.update(extra_attrs or {})
+        k_out = w_shape[1] * group
+        opad = attrs.get("output_padding", [0] * nd)
+        o_sp = [strides[i] * (x_shape[2 + i] - 1) + opad[i] + (w_shape[2 + i] - 1) * dilations[i] + 1
+                - pads[i] - pads[nd + i] for i in range(nd)]
+    out_shape = [x_shape[0], k_out] + o_sp
+    inputs = [{"shape": list(x_shape), "dtype": dtype, "const": False, "layout": x_layout},
+              {"shape": list(w_shape), "dtype": dtype, "const": True}]
+    args = ["i0", "i1"]
+    if bias:
+        inputs.append({"shape": [k_out], "dtype": dtype, "const": True})
+        args.append("i2")
+    ops = [{"op": op, "attrs": attrs, "args": args}]
+    params = {}
+    if clip:
+        params = {k: dict(v, dtype=dtype) for k, v in CLIP.items()}
+        ops.append({"op": "Clip", "attrs": {}, "args": [f"v{len(ops) - 1}", "p0", "p1"]})
+    if relu:
+        ops.append({"op": "Relu", "attrs": {}, "args": [f"v{len(ops) - 1}"]})
+    if res:
+        inputs.append({"shape": out_shape, "dtype": dtype, "const": False, "layout": res_layout})
+        ops.append({"op": "Add", "attrs": {}, "args": [f"v{len(ops) - 1}", f"i{len(inputs) - 1}"]})
+    values = [f"v{len(ops) - 1}"] if outputs == "last" else [f"v{j}" for j in range(len(ops))]
+    return Workload({"version": 1, "inputs": inputs, "ops": ops, "params": params,
+                     "outputs": [{"shape": out_shape, "dtype": dtype, "value": v, "layout": out_layout}
+                                 for v in values]})
+
+
+def dw_wl(c, h, w=None, k=3, s=1, p=1, d=1, hin=1, hout=0, clip=True, res=False, bias=True, n=1):
+    b = choose_block(c)
+    return conv_wl([n, c, h, w or h], [c, 1, k, k], group=c, strides=[s, s], dilations=[d, d],
+                   pads=[p] * 4, bias=bias, clip=clip, res=res, x_layout=[b, hin],
+                   out_layout=[b, hout], res_layout=[b, 0])
+
+
+def check(wl, name, extra=(), n_random=0, seed=0):
+    """The default config, `extra` variations of it and `n_random` random valid configs agree
+    with the reference (every config a separate compile: keep the lists short)."""
+    t = template.select(wl)
+    assert t.name == name
+    sp = t.space(wl)
+    default = t.default_config(wl, sp)
+    cfgs = [default] + [sp.from_values({**default.values, **e}) for e in extra]
+    rng = random.Random(seed)
+    cfgs += [sp.get(i) for i in rng.sample(sp.valid_indices(), n_random)]
+    for cfg in cfgs:
+        assert sp.is_valid(cfg), str(cfg)
+        got, want, _, _ = testing.run(wl, t, cfg)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape
+        err = testing.max_rel_error(got, want)
+        assert err <= TOL, f"{name} {cfg}: max rel error {err:.2e}"
+
+
+# ---- depthwise ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case,extra", [
+    (dict(c=32, h=13, s=1, hout=1), [dict(tile_oh=2, rows_per_task=4, tile_ow=4)]),   # ReLU6, halo
+    (dict(c=48, h=11, w=9, s=2), [dict(unroll_kh=False, tile_ow=3)]),                  # stride 2
+    (dict(c=16, h=8, s=1, res=True, clip=False, hout=1), []),                          # residual
+    (dict(c=24, h=9, k=5, p=2, hin=2, s=2), [dict(tile_oh=2, rows_per_task=4, unroll_kh=False)]),
+    (dict(c=32, h=10, d=2, p=2, hin=2, bias=False, n=2), []),      # dilation 2, batch 2, no bias
+])
+def test_depthwise(case, extra):
+    check(dw_wl(**case), "depthwise_conv2d", extra)
+
+
+MOBILENET_DW = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (192, 28, 2),
+                (384, 14, 1), (576, 14, 1), (576, 14, 2), (960, 7, 1)]
+
+
+@pytest.mark.parametrize("c,h,s", MOBILENET_DW)
+def test_depthwise_mobilenet_space(c, h, s):
+    """MobileNetV2's depthwise layers: taken, a valid default with enough parallel tasks."""
+    wl = dw_wl(c, h, s=s, hout=1)
+    t = template.select(wl)
+    assert t.name == "depthwise_conv2d"
+    sp = t.space(wl)
+    cfg = t.default_config(wl, sp)
+    assert sp.is_valid(cfg) and len(sp.valid_indices()) > 10
+    src = t.build(wl, cfg).source
+    assert "prange" in src and "out0[ob + np.uintp(" in src
+
+
+def test_depthwise_not_taken():
+    # halo smaller than the pads, or a plain input: the generic fallback
+    assert template.select(dw_wl(32, 8, p=1, hin=0)).name == "conv_generic"
+    wl = conv_wl([1, 32, 8, 8], [32, 1, 3, 3], group=32, pads=[1] * 4)
+    assert template.select(wl).name == "conv_generic"
+
+
+# ---- generic --------------------------------------------------------------------------------
+
+GENERIC = {
+    "grouped": (lambda: conv_wl([1, 32, 9, 9], [32, 4, 3, 3], group=8, pads=[1] * 4, relu=True),
+                [dict(stage_row=False, tile_ow=4, tile_oc=2)]),
+    "grouped_blocked": (lambda: conv_wl([1, 32, 8, 8], [64, 8, 3, 3], group=4, strides=[2, 2],
+                                        pads=[1] * 4, x_layout=[16, 1], out_layout=[16, 1],
+                                        clip=True, res=True, res_layout=[16, 0]),
+                        [dict(vector_axis="ow", tile_oc=4, stage_row=True, unroll_kw=True)]),
+    "oc_border": (lambda: conv_wl([1, 8, 9, 10], [16, 8, 3, 3], strides=[2, 1], dilations=[1, 2],
+                                  pads=[1, 2, 0, 1], relu=True),
+                  [dict(tile_ow=4, tile_oc=8)]),
+    "dilated_asym": (lambda: conv_wl([2, 5, 12, 11], [7, 5, 3, 2], dilations=[2, 3],
+                                     pads=[2, 0, 1, 3], strides=[1, 2], res=True),
+                     [dict(stage_row=True, unroll_kw=False)]),
+    "conv1d": (lambda: conv_wl([2, 6, 40], [10, 3, 5], group=2, strides=[2], pads=[2, 1],
+                               relu=True), [dict(tile_ow=7, stage_row=True)]),
+    "conv3d": (lambda: conv_wl([1, 3, 6, 7, 8], [4, 3, 3, 3, 3], pads=[1, 0, 1, 1, 1, 0],
+                               strides=[1, 2, 1], bias=False, outputs="all", relu=True),
+               [dict(unroll_kw=False, tile_ow=2)]),
+    "float64": (lambda: conv_wl([1, 3, 7, 7], [5, 3, 3, 3], pads=[1] * 4, dtype="float64",
+                                clip=True), []),
+    "convT": (lambda: conv_wl([1, 6, 5, 4], [6, 2, 3, 3], op="ConvTranspose", group=3,
+                              strides=[2, 2], pads=[1, 0, 0, 1], relu=True,
+                              extra_attrs={"output_padding": [1, 0]}),
+              [dict(tile_ow=1, tile_oc=1, unroll_kw=False)]),
+    "convT1d": (lambda: conv_wl([1, 4, 9], [4, 3, 4], op="ConvTranspose", strides=[3],
+                                dilations=[2], pads=[2, 1]), []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GENERIC))
+def test_generic(name):
+    make, extra = GENERIC[name]
+    check(make(), "conv_generic", extra)
+
+
+def test_generic_random_configs():
+    check(GENERIC["grouped_blocked"][0](), "conv_generic", n_random=2, seed=3)
