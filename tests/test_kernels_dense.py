@@ -1,0 +1,185 @@
+"""Dense and batch_matmul templates against the reference executor.
+
+Hand-made workloads (the JSON `tune.task.workload_of` writes) cover ragged M and N tiles, no bias,
+residual and scalar epilogues, 1-d operands, broadcast batch dims, a constant right operand and a
+blocked input of 1x1 planes; the transformer's real tasks run too. Each case runs its default
+config and, for most, a seeded random valid config; kernels compile in parallel up front.
+"""
+import random
+
+import numpy as np
+import pytest
+
+from modelc.kernels import cache, template, templates, testing  # noqa: F401  (registers the templates)
+from modelc.kernels.testing import bind, reference_outputs
+from modelc.kernels.workload import Workload
+from modelc.ops.linalg import matmul_shape
+
+TOL = 1e-5
+
+
+def _epilogue(ops, inputs, params, out, epi):
+    for e in epi:
+        prev = f"v{len(ops) - 1}"
+        if e == "res":
+            inputs.append({"shape": list(out), "dtype": "float32", "const": False})
+            ops.append({"op": "Add", "attrs": {}, "args": [prev, f"i{len(inputs) - 1}"]})
+        elif e in ("Mul", "Div", "Add"):
+            p = f"p{len(params)}"
+            params[p] = {"dtype": "float32", "shape": [], "value": 0.125 if e == "Div" else 1.5}
+            ops.append({"op": e, "attrs": {}, "args": [prev, p]})
+        else:
+            ops.append({"op": e, "attrs": {}, "args": [prev]})
+    return {"version": 1, "inputs": inputs, "ops": ops, "params": params,
+            "outputs": [{"shape": list(out), "dtype": "float32", "value": f"v{len(ops) - 1}"}]}
+
+
+def dense_wl(x_shape, n, bias=True, epi=(), x_layout=None):
+    k = x_shape[-1]
+    inputs = [{"shape": list(x_shape), "dtype": "float32", "const": False, "layout": x_layout},
+              {"shape": [k, n], "dtype": "float32", "const": True}]
+    args = ["i0", "i1"]
+    if bias:
+        inputs.append({"shape": [n], "dtype": "float32", "const": True})
+        args.append("i2")
+    return _epilogue([{"op": "Dense", "attrs": {}, "args": args}], inputs, {},
+                     tuple(x_shape[:-1]) + (n,), epi)
+
+
+def matmul_wl(a_shape, b_shape, epi=(), b_const=False):
+    inputs = [{"shape": list(a_shape), "dtype": "float32", "const": False},
+              {"shape": list(b_shape), "dtype": "float32", "const": b_const}]
+    return _epilogue([{"op": "MatMul", "attrs": {}, "args": ["i0", "i1"]}], inputs, {},
+                     matmul_shape(tuple(a_shape), tuple(b_shape)), epi)
+
+
+HAND = {
+    "dense_ragged_res_relu": (dense_wl((2, 5, 37), 23, bias=False, epi=("res", "Relu")), 1),
+    "dense_1d_scalars": (dense_wl((7,), 40, epi=("Mul", "Add")), 0),
+    "dense_blocked_1x1": (dense_wl((1, 16, 1, 1), 24, epi=("Gelu",), x_layout=[16, 0]), 0),
+    "dense_classifier": (dense_wl((1, 512), 1000), 0),
+    "matmul_broadcast_res": (matmul_wl((3, 1, 9, 20), (2, 20, 35), epi=("res",)), 1),
+    "matmul_attention_div": (matmul_wl((1, 2, 24, 16), (1, 2, 16, 32), epi=("Div",)), 1),
+    "matmul_1d_left": (matmul_wl((20,), (3, 20, 7)), 0),
+    "matmul_1d_right": (matmul_wl((2, 11, 20), (20,)), 0),
+    "matmul_const_b": (matmul_wl((13, 20), (20, 50), epi=("Relu",), b_const=True), 0),
+}
+
+
+def _random_configs(sp, n, seed):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(2000):
+        if len(out) == n:
+            break
+        c = sp.get(rng.randrange(len(sp)))
+        if sp.is_valid(c) and c.values not in [o.values for o in out]:
+            out.append(c)
+    return out
+
+
+def _cases(wl_json, n_random, seed):
+    wl = Workload(wl_json)
+    t = template.select(wl)
+    sp = t.space(wl)
+    return [(wl, t, c) for c in [t.default_config(wl, sp)] + _random_configs(sp, n_random, seed)]
+
+
+@pytest.fixture(scope="module")
+def transformer_tasks():
+    import models
+    from modelc.tune.task import extract_tasks
+    return [t for t in extract_tasks(models.cached_path("transformer"))
+            if t.template in ("dense", "batch_matmul")]
+
+
+@pytest.fixture(scope="module")
+def compiled(transformer_tasks):
+    """Every (workload, template, config) the tests run, compiled in parallel once."""
+    runs = {}
+    for name, (wl, n_random) in HAND.items():
+        runs[name] = _cases(wl, n_random, seed=len(name))
+    for k, task in enumerate(transformer_tasks):
+        runs[task.desc] = _cases(task.workload, 1 if k == 0 else 0, seed=k)
+    cache.compile_all([t.build(wl, c).source for cs in runs.values() for wl, t, c in cs])
+    return runs
+
+
+@pytest.mark.parametrize("name", list(HAND))
+def test_hand_made_workloads(compiled, name):
+    for wl, t, cfg in compiled[name]:
+        assert t.name == ("dense" if wl.anchor.op == "Dense" else "batch_matmul")
+        assert t.space(wl).is_valid(cfg)
+        got, want, _, _ = testing.run(wl, t, cfg, seed=3)
+        assert got[0].shape == want[0].shape
+        assert testing.max_rel_error(got, want) <= TOL, (name, str(cfg))
+
+
+def test_transformer_tasks(compiled, transformer_tasks):
+    assert {t.template for t in transformer_tasks} == {"dense", "batch_matmul"}
+    for task in transformer_tasks:
+        for wl, t, cfg in compiled[task.desc]:
+            assert t.name == task.template
+            got, want, _, _ = testing.run(wl, t, cfg)
+            assert testing.max_rel_error(got, want) <= TOL, (task.desc, str(cfg))
+
+
+def test_stores_stay_inside_the_output(compiled):
+    """Ragged N (padded weights) and a shifted last M tile write exactly the output's elements."""
+    for name in ("dense_ragged_res_relu", "matmul_broadcast_res"):
+        for wl, t, cfg in compiled[name]:
+            k = t.build(wl, cfg)
+            inputs = wl.random_inputs(1)
+            args, outs = bind(wl, k, inputs)
+            size = outs[0].size
+            big = np.full(size + 64, 7.0, np.float32)
+            args[k.args.index("out0")] = big[:size]
+            cache.load(k.source)(*args)
+            assert np.all(big[size:] == 7.0)
+            want = reference_outputs(wl, inputs)[0]
+            assert testing.max_rel_error([big[:size].reshape(want.shape)], [want]) <= TOL
+
+
+def test_spaces_defaults_and_sources(transformer_tasks):
+    """Defaults are valid and pick register tiles of >= 16 accumulators; random configs generate."""
+    for task in transformer_tasks:
+        wl = Workload(task.workload)
+        t = template.select(wl)
+        sp = t.space(wl)
+        d = t.default_config(wl, sp)
+        assert sp.is_valid(d)
+        assert d["tile_m"] * d["tile_n"] >= 16 * 16 and d["tile_n"] % 16 == 0
+        for c in _random_configs(sp, 20, seed=7):
+            src = t.build(wl, c).source
+            compile(src, "kernel", "exec")
+            assert c.describe()
+    wl = Workload(dense_wl((1, 512), 1000))
+    t = template.select(wl)
+    d = t.default_config(wl, t.space(wl))
+    assert (d["tile_m"], d["tile_n"]) == (1, 64)     # memory-bound: wide, few tiles
+
+
+@pytest.mark.parametrize("wl_json", [
+    dense_wl((1, 16, 4, 4), 8, x_layout=[16, 0]),                        # blocked, planes not 1x1
+    dense_wl((1, 16, 1, 1), 8, x_layout=[16, 1]),                        # blocked with a halo
+    dict(dense_wl((4, 8), 8), inputs=[{"shape": [4, 8], "dtype": "float32", "const": False},
+                                      {"shape": [8, 8], "dtype": "float32", "const": False},
+                                      {"shape": [8], "dtype": "float32", "const": True}]),
+    _epilogue([{"op": "Dense", "attrs": {}, "args": ["i0", "i1"]}],
+              [{"shape": [4, 8], "dtype": "float32", "const": False},
+               {"shape": [8, 6], "dtype": "float32", "const": True}], {}, (4, 6), ("Softmax",)),
+    _epilogue([{"op": "MatMul", "attrs": {}, "args": ["i0", "i1"]}],
+              [{"shape": [4, 8], "dtype": "float32", "const": False},
+               {"shape": [8, 6], "dtype": "float32", "const": False},
+               {"shape": [3, 4, 6], "dtype": "float32", "const": False}], {}, (4, 6), ())
+    | {"ops": [{"op": "MatMul", "attrs": {}, "args": ["i0", "i1"]},
+               {"op": "Add", "attrs": {}, "args": ["v0", "i2"]}],
+       "outputs": [{"shape": [3, 4, 6], "dtype": "float32", "value": "v1"}]},   # output grows
+    matmul_wl((4, 8), (8, 6)) | {"inputs": [{"shape": [4, 8], "dtype": "int64", "const": False},
+                                            {"shape": [8, 6], "dtype": "int64", "const": False}],
+                                 "outputs": [{"shape": [4, 6], "dtype": "int64", "value": "v0"}]},
+])
+def test_rejects(wl_json):
+    from modelc.kernels import dense, matmul
+    wl = Workload(wl_json)
+    assert not dense.Dense().matches(wl) and not matmul.BatchMatMul().matches(wl)
