@@ -66,12 +66,13 @@ class Conv2d(Template):
         sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g["OW"]] or [g["OW"]])
         blocks = g["K"] // g["KB"]
         sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 4) if blocks % m == 0 and m * g["KB"] <= 64])
+        sp.define_knob("tile_oh", [r for r in (1, 2, 4) if r <= g["OH"]])
         sp.define_reorder("reduction_order", ["c", "kh", "kw"],
                           candidates=[["c", "kh", "kw"], ["kh", "kw", "c"]])
         sp.define_annotate("unroll_kw", [False, True])
         kb = g["KB"]
-        sp.constraint = lambda cfg: cfg["tile_ow"] * cfg["tile_oc_blocks"] * max(kb // 16, 1) \
-            <= MAX_TILE_VECTORS
+        sp.constraint = lambda cfg: cfg["tile_ow"] * cfg["tile_oh"] * cfg["tile_oc_blocks"] * \
+            max(kb // 16, 1) <= MAX_TILE_VECTORS
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
@@ -84,13 +85,13 @@ class Conv2d(Template):
             return (-(-ow // t) * t - ow) / ow
 
         best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - 14), -t))
-        return space.from_values({"tile_ow": best, "tile_oc_blocks": 1,
+        return space.from_values({"tile_ow": best, "tile_oc_blocks": 1, "tile_oh": 1,
                                   "reduction_order": ["c", "kh", "kw"], "unroll_kw": False})
 
     def build(self, wl: Workload, cfg) -> Kernel:
         g = _geometry(wl)
         conv = wl.anchor
-        OWT, m = cfg["tile_ow"], cfg["tile_oc_blocks"]
+        OWT, m, TOH = cfg["tile_ow"], cfg["tile_oc_blocks"], cfg["tile_oh"]
         KB, cb = g["KB"], g["cb"]
         KT = KB * m
         KO = g["K"] // KT
@@ -101,42 +102,49 @@ class Conv2d(Template):
         ph, pw = g["p"][0], g["p"][1]
         hin = g["hin"]
         NT = -(-OW // OWT)
+        NR = -(-OH // TOH)
+        ACC = TOH * OWT * KT
         xs = (g["N"], CBLK, g["H"] + 2 * hin, g["W"] + 2 * hin, cb)
         x_n, x_c, x_h = xs[1] * xs[2] * xs[3] * cb, xs[2] * xs[3] * cb, xs[3] * cb
         x_arg = int(conv.args[0][1:])
         X = f"in{x_arg}"
         has_bias = len(conv.args) > 2 and bool(conv.args[2])
 
-        body = [f"for it in prange({g['N'] * KO * OH * NT}):",
+        # the tile: TOH output rows x OWT output columns x KT output channels; a last tile that
+        # would pass the end of a row or column is shifted back (recomputing, never branching)
+        body = [f"for it in prange({g['N'] * KO * NR * NT}):",
                 f"    t = it % {NT}",
                 f"    rest = it // {NT}",
-                f"    oh = rest % {OH}",
-                f"    rest = rest // {OH}",
+                f"    oh0 = min((rest % {NR}) * {TOH}, {OH - TOH})",
+                f"    rest = rest // {NR}",
                 f"    ko = rest % {KO}",
                 f"    n = rest // {KO}",
                 f"    ow0 = min(t * {OWT}, {OW - OWT})",
-                f"    acc = carray(stack_empty({OWT * KT}, np.float32), {OWT * KT})",
-                f"    for q in range({OWT * KT}):",
+                f"    acc = carray(stack_empty({ACC}, np.float32), {ACC})",
+                f"    for q in range({ACC}):",
                 "        acc[q] = np.float32(0.0)"]
 
         def inner(ind, kw_expr):
             pre = " " * ind
-            lines = [f"{pre}xb = np.uintp(xrow + (ow0 * {sw} + {kw_expr} * {dw} + {hin - pw}) * {cb})",
-                     f"{pre}wb = np.uintp(((((ko * {CBLK} + cb) * {KH} + kh) * {KW} + {kw_expr}) * {cb}) * {KT})",
-                     f"{pre}for c in range({cb}):"]
-            for r in range(OWT):
-                lines.append(f"{pre}    x{r} = {X}[xb + np.uintp({r * sw * cb} + c)]")
+            lines = [f"{pre}xb{rr} = np.uintp(xrow{rr} + (ow0 * {sw} + {kw_expr} * {dw} + {hin - pw}) * {cb})"
+                     for rr in range(TOH)]
+            lines += [f"{pre}wb = np.uintp(((((ko * {CBLK} + cb) * {KH} + kh) * {KW} + {kw_expr}) * {cb}) * {KT})",
+                      f"{pre}for c in range({cb}):"]
+            for rr in range(TOH):
+                for r in range(OWT):
+                    lines.append(f"{pre}    x{rr}_{r} = {X}[xb{rr} + np.uintp({r * sw * cb} + c)]")
             lines += [f"{pre}    wo = wb + np.uintp(c * {KT})",
                       f"{pre}    for j in range({KT}):",
                       f"{pre}        wv = w[wo + np.uintp(j)]"]
-            for r in range(OWT):
-                lines.append(f"{pre}        acc[{r * KT} + j] += x{r} * wv")
+            for rr in range(TOH):
+                for r in range(OWT):
+                    lines.append(f"{pre}        acc[{(rr * OWT + r) * KT} + j] += x{rr}_{r} * wv")
             return lines
 
         def row(ind):
             pre = " " * ind
-            return [f"{pre}ih = oh * {sh} + kh * {dh} + {hin - ph}",
-                    f"{pre}xrow = n * {x_n} + cb * {x_c} + ih * {x_h}"]
+            return [f"{pre}xrow{rr} = n * {x_n} + cb * {x_c} + ((oh0 + {rr}) * {sh} + kh * {dh} + {hin - ph}) * {x_h}"
+                    for rr in range(TOH)]
 
         def kw_loop(ind):
             if cfg["unroll_kw"]:
@@ -153,18 +161,20 @@ class Conv2d(Template):
         # epilogue and store: channel k = (ko * m + blk) * KB + jj
         out = wl.outputs[0]
         ops = wl.epilogue
-        for r in range(OWT):
-            for blk in range(m):
-                body += [f"    for jj in range({KB}):"]
-                v = f"acc[{r * KT + blk * KB} + jj]"
-                cblk = f"ko * {m} + {blk}" if m > 1 else "ko"
-                chan = (cblk, "jj", KB)
-                if has_bias:
-                    v = f"({v} + bias[({cblk}) * {KB} + jj])"
-                idx = ["n", chan, "oh", f"ow0 + {r}"]
-                lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}", var=f"e{r}_")
-                body += ["        " + ln for ln in lines]
-                body += [f"        out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
+        for rr in range(TOH):
+            for r in range(OWT):
+                for blk in range(m):
+                    body += [f"    for jj in range({KB}):"]
+                    v = f"acc[{(rr * OWT + r) * KT + blk * KB} + jj]"
+                    cblk = f"ko * {m} + {blk}" if m > 1 else "ko"
+                    chan = (cblk, "jj", KB)
+                    if has_bias:
+                        v = f"({v} + bias[({cblk}) * {KB} + jj])"
+                    idx = ["n", chan, f"oh0 + {rr}", f"ow0 + {r}"]
+                    lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
+                                            var=f"e{rr}_{r}_")
+                    body += ["        " + ln for ln in lines]
+                    body += [f"        out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
 
         args = ["out0", X, "w"] + (["bias"] if has_bias else [])
         args += [f"in{k}" for k in epilogue_inputs(ops) if k != x_arg]

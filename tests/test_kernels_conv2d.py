@@ -1,0 +1,65 @@
+"""conv2d template: default and random valid configs against the reference, over shapes."""
+import numpy as np
+import pytest
+
+from modelc.kernels import templates  # noqa: F401
+from modelc.kernels import template, testing
+from modelc.kernels.layout import choose_block
+from modelc.kernels.workload import Workload
+
+
+def conv_wl(C, H, W, K, k, s, p, hin, hout, bias=True, residual=False, act="Relu", dil=1):
+    OH = (H + 2 * p - dil * (k - 1) - 1) // s + 1
+    OW = (W + 2 * p - dil * (k - 1) - 1) // s + 1
+    cb, kb = choose_block(C), choose_block(K)
+    inputs = [{"shape": [1, C, H, W], "dtype": "float32", "const": False, "layout": [cb, hin]},
+              {"shape": [K, C, k, k], "dtype": "float32", "const": True}]
+    args = ["i0", "i1"]
+    if bias:
+        inputs.append({"shape": [K], "dtype": "float32", "const": True})
+        args.append("i2")
+    ops = [{"op": "Conv", "attrs": {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4,
+                                     "dilations": [dil, dil], "group": 1}, "args": args}]
+    params = {}
+    if residual:
+        inputs.append({"shape": [1, K, OH, OW], "dtype": "float32", "const": False, "layout": [kb, 0]})
+        ops.append({"op": "Add", "attrs": {}, "args": [f"v{len(ops) - 1}", f"i{len(inputs) - 1}"]})
+    if act == "Relu":
+        ops.append({"op": "Relu", "attrs": {}, "args": [f"v{len(ops) - 1}"]})
+    elif act == "Clip":
+        params = {"p0": {"dtype": "float32", "shape": [], "value": 0.0},
+                  "p1": {"dtype": "float32", "shape": [], "value": 6.0}}
+        ops.append({"op": "Clip", "attrs": {}, "args": [f"v{len(ops) - 1}", "p0", "p1"]})
+    return Workload({"version": 1, "inputs": inputs, "ops": ops, "params": params,
+                     "outputs": [{"shape": [1, K, OH, OW], "dtype": "float32", "value": f"v{len(ops) - 1}",
+                                  "layout": [kb, hout]}]})
+
+
+CASES = [
+    dict(C=16, H=10, W=9, K=32, k=3, s=1, p=1, hin=1, hout=1, residual=True),
+    dict(C=3, H=17, W=17, K=16, k=7, s=2, p=3, hin=3, hout=0, act="Clip"),
+    dict(C=32, H=8, W=8, K=64, k=1, s=2, p=0, hin=0, hout=1, bias=False, act=None),
+    dict(C=16, H=9, W=11, K=16, k=3, s=1, p=2, hin=2, hout=0, dil=2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"c{c['C']}k{c['K']}x{c['k']}s{c['s']}")
+def test_conv2d_default_and_random_configs(case):
+    wl = conv_wl(**case)
+    tpl = template.select(wl)
+    assert tpl.name == "conv2d"
+    space = tpl.space(wl)
+    valid = space.valid_indices()
+    rng = np.random.default_rng(len(valid))
+    configs = [tpl.default_config(wl, space)] + [space.get(int(i)) for i in rng.choice(valid, 2, replace=False)]
+    for cfg in configs:
+        got, want, _, _ = testing.run(wl, tpl, cfg)
+        assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+
+
+def test_conv2d_space_is_large_enough_to_tune():
+    wl = conv_wl(C=64, H=56, W=56, K=64, k=3, s=1, p=1, hin=1, hout=1)
+    tpl = template.select(wl)
+    space = tpl.space(wl)
+    assert len(space.valid_indices()) >= 150
+    assert "tile_ow" in space.get(0).describe()
