@@ -117,14 +117,17 @@ def _batch_offset(bidx: list, out_batch: tuple, own: tuple) -> str:
 def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> str:
     """The kernel source of GEMM `g` under config `cfg` (knob values) with epilogue `wl.epilogue`.
 
-    cfg: tile_m, tile_n, order ("mn" | "nm"), m_group, k_block, k_unroll, index ("2d" | "flat"),
-    store ("rolled" | "unrolled"), pack_b (runtime B only).
+    cfg: tile_m, tile_n, order ("mn" | "nm"), m_group, k_block, k_unroll, k_split, index
+    ("2d" | "flat"), store ("rolled" | "unrolled"), pack_b (runtime B only).
     """
     M, K, N = g.M, g.K, g.N
     MR, NR = cfg["tile_m"], cfg["tile_n"]
     G = cfg.get("m_group", 1)
     KC = cfg.get("k_block", K)
     U = cfg.get("k_unroll", 1)
+    S = cfg.get("k_split", 1)
+    if S > 1 and (G > 1 or U % S):
+        raise ModelcError(f"k_split {S} needs m_group 1 and k_unroll a multiple of it")
     flat = cfg.get("index", "2d") == "flat"
     pack = (not g.b_packed) and cfg.get("pack_b", False)
     MT = -(-M // MR)
@@ -160,7 +163,8 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
     body += [f"{ind}ba = {ba}", f"{ind}bb = {bb}", f"{ind}n0 = nt * {NR}"]
     if ragged_n:
         body.append(f"{ind}nv = min({NR}, {N} - n0)")
-    body.append(f"{ind}acc = carray(stack_empty({G * MR * NR}, np.float32), {G * MR * NR})")
+    nacc = max(G, S) * MR * NR
+    body.append(f"{ind}acc = carray(stack_empty({nacc}, np.float32), {nacc})")
     if pack:
         # copy B[bb, :, n0:n0 + NR] into a zero-padded [K, NR] panel (flat, unsigned offsets:
         # 2-d indexing of the panel kept this copy from vectorising)
@@ -187,8 +191,8 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
             lines += [f"{ind}m0 = mt * {MR}"]
         return lines
 
-    def micro(ind, k, gbase):
-        """One k step of the MR x NR tile at acc[gbase ...]."""
+    def micro(ind, k, gbase, q=0):
+        """One k step of the MR x NR tile at acc[gbase ...], into accumulator set q."""
         lines = []
         if flat:
             lines.append(f"{ind}xo = np.uintp((ba * {M} + m0) * {K} + {k})")
@@ -212,7 +216,7 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
                   else f"B[bb, {k}, n0 + j]")
         lines += [f"{ind}for j in range({NR}):", f"{ind}    wv = {wv}"]
         for r in range(MR):
-            lines.append(f"{ind}    acc[{gbase}{r * NR} + j] += x{r} * wv")
+            lines.append(f"{ind}    acc[{gbase}{q * MR * NR + r * NR} + j] += x{r} * wv")
         return lines
 
     def k_loop(ind, lo, n, gbase):
@@ -228,16 +232,20 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
         elif main:
             lines += [f"{ind}for kk in range({main // u}):", f"{ind}    k = {base}kk * {u}"]
             for q in range(u):
-                lines += micro(ind + "    ", f"k + {q}" if q else "k", gbase)
+                lines += micro(ind + "    ", f"k + {q}" if q else "k", gbase, q % S)
         for q in range(main, n):
             lines += micro(ind, f"{base}{q}", gbase)
         return lines
 
-    body += [f"{ind}for q in range({G * MR * NR}):", f"{ind}    acc[q] = np.float32(0.0)"]
+    body += [f"{ind}for q in range({nacc}):", f"{ind}    acc[q] = np.float32(0.0)"]
     store = _store_unrolled if cfg.get("store") == "unrolled" else _store
     if G == 1:
         body += tile_start("0", ind)
         body += k_loop(ind, "0", K, "")
+        if S > 1:       # independent accumulator sets for alternate k steps: sum them
+            body += [f"{ind}for q in range({MR * NR}):",
+                     f"{ind}    acc[q] = " + " + ".join(f"acc[q + {t * MR * NR}]" if t else "acc[q]"
+                                                   for t in range(S))]
         body += store(wl, g, ind, MR, NR, shift, ragged_n, "")
     else:
         # G tiles share this item's B columns; with k blocking, a block of B rows is reused
@@ -319,9 +327,11 @@ def _store_unrolled(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bo
 
 def gemm_space(M: int, K: int, N: int, runtime_b: bool) -> ConfigSpace:
     """Register tile (tile_m x tile_n), loop order over tiles, M tiles per work item (m_group),
-    k blocking across grouped tiles, k unrolling, indexing style (2-d views or flat unsigned
-    offsets), store rows rolled or written out, and for a runtime B whether each item first packs
-    its columns of B into a stack panel (required when N % tile_n != 0)."""
+    k blocking across grouped tiles, k unrolling, independent accumulator sets for alternate k
+    steps (k_split: hides the FMA latency of tiles of few accumulators), indexing style (2-d
+    views or flat unsigned offsets), store rows rolled or written out, and for a runtime B
+    whether each item first packs its columns of B into a stack panel (required when
+    N % tile_n != 0)."""
     sp = ConfigSpace()
     mrs = [m for m in MR_CANDIDATES if m <= M] or [M]
     nrs = [n for n in NR_CANDIDATES if n == 16 or n <= N and (-N % n < 16 or -N % n <= N // 16)] \
@@ -336,6 +346,7 @@ def gemm_space(M: int, K: int, N: int, runtime_b: bool) -> ConfigSpace:
     kbs = [K] + [c for c in (512, 256, 128) if c < K and K % c == 0]
     sp.define_knob("k_block", kbs)
     sp.define_annotate("k_unroll", [u for u in (1, 2, 4) if u <= K])
+    sp.define_knob("k_split", [s for s in (1, 2, 4) if s <= K])
     sp.define_knob("index", ["2d", "flat"])
     sp.define_annotate("store", ["rolled", "unrolled"])
     if runtime_b:
@@ -350,6 +361,11 @@ def gemm_space(M: int, K: int, N: int, runtime_b: bool) -> ConfigSpace:
             return False                    # grouped tiles never repeat a tile
         if cfg["k_block"] != K and cfg["m_group"] == 1:
             return False                    # k blocking only reorders work across grouped tiles
+        ks = cfg["k_split"]
+        if ks > 1 and (cfg["m_group"] > 1 or cfg["k_unroll"] % ks or nr < 32
+                       or ks * mr * -(-nr // LANES) > MAX_TILE_VECTORS):
+            return False    # one set per unrolled k step, in registers (with 16 columns LLVM
+            #                 vectorised along k instead and ran 7-12x slower)
         if runtime_b:
             if cfg["pack_b"] and K * nr * 4 > MAX_PANEL_BYTES:
                 return False
@@ -367,22 +383,26 @@ def knob_values(cfg) -> dict:
     return v
 
 
-def model_cost(M: int, K: int, N: int, batch: int, mr: int, nr: int, threads: int = 2) -> float:
+def model_cost(M: int, K: int, N: int, batch: int, mr: int, nr: int, split: int = 1,
+               threads: int = 2) -> float:
     """Estimated cycles of a register tile choice (a simple model of Zen 5 / AVX-512).
 
     Per k step the tile issues mr * v multiply-adds (v = nr / 16 vectors) on 2 FMA pipes of
-    latency 4, so fewer than 8 accumulators leave the pipes idle; it also issues mr broadcasts and
-    v vector loads. A tile whose accumulators, B vectors and broadcasts exceed the 32 vector
-    registers spills. Work items are dealt to `threads` cores (a partial last round costs a full
-    one); tiles past M are recomputed (shifted) and columns past N are padding. Calibrated on the
-    transformer's shapes: 6x64, 4x64 and 8x32 tiles ran at 0.9-1.0 of the best, 2x32 at 0.5.
+    latency 4, so fewer than 8 accumulators (times `split` sets) leave the pipes idle; it also
+    issues mr broadcasts and v vector loads of B, which stream from L2 at about one vector per
+    cycle (a 1-row tile, as in a classifier, is bound by them). A tile whose accumulators, B
+    vectors and broadcasts exceed the 32 vector registers spills. Work items are dealt to
+    `threads` cores (a partial last round costs a full one); tiles past M are recomputed (shifted)
+    and columns past N are padding. Calibrated on the transformer's shapes, one thread: 4x64,
+    6x64 and 8x32 tiles ran at 0.9-1.0 of the best (about 2x numpy's sgemm), 2x32 at 0.5, 2x64
+    at 0.6 (0.73 with k_split 2).
     """
     vec = -(-nr // LANES)
     fmas = mr * vec
-    per_k = max(fmas / 2.0, 4.0) + 0.1 * (mr + vec)
+    per_k = max(fmas / 2.0, 4.0 / split, vec * 1.0) + 0.1 * (mr + vec)
     if fmas + vec + mr > 34:
         per_k += 8.0
-    item = K * per_k + fmas * 6 + 40            # k loop, then zero + epilogue + store, overhead
+    item = K * per_k + fmas * (6 + split) + 40  # k loop, then zero + epilogue + store, overhead
     items = batch * -(-M // mr) * -(-N // nr)
     return -(-items // threads) * item
 
@@ -393,25 +413,29 @@ HEAVY_EPILOGUE = {"Gelu", "Erf", "Tanh", "Exp", "Log", "Sigmoid", "Softplus", "M
 
 def default_gemm(wl: Workload, space: ConfigSpace, M: int, K: int, N: int, batch: int,
                  runtime_b: bool):
-    """The tile of least `model_cost`; rows of the store written out unless the epilogue is heavy
-    (unrolled stores ran 1.15-1.3x faster for 6x64 and 8x32 tiles; with a GELU they only cost
-    compile time: a 16-row GELU tile took 9 s to compile instead of 3 s)."""
+    """The tile (and k_split) of least `model_cost`; rows of the store written out unless the
+    epilogue is heavy (unrolled stores ran 1.15-1.3x faster for 6x64 and 8x32 tiles; with a GELU
+    they only cost compile time: a 16-row GELU tile took 9 s to compile instead of 3 s)."""
     store = "rolled" if any(op.op in HEAVY_EPILOGUE for op in wl.epilogue) else "unrolled"
+    splits = next(k.values for k in space.knobs if k.name == "k_split")
     best, best_cost = None, None
     for mr in space.knobs[0].values:
         for nr in space.knobs[1].values:
-            vals = {"tile_m": mr, "tile_n": nr, "order": ["m", "n"], "m_group": 1, "k_block": K,
-                    "k_unroll": 1, "index": "2d", "store": store}
-            if runtime_b:
-                vals["pack_b"] = N % nr != 0
-            cfg = space.from_values(vals)
-            if not space.is_valid(cfg):
-                continue
-            # ties (common: the FMA pipes are saturated from 16 accumulators) go to tiles that
-            # divide M (no shifted last tile), then to larger tiles
-            c = (round(model_cost(M, K, N, batch, mr, nr) * (1.02 if M % mr else 1.0)), -mr * nr)
-            if best_cost is None or c < best_cost:
-                best, best_cost = cfg, c
+            for split in splits:
+                vals = {"tile_m": mr, "tile_n": nr, "order": ["m", "n"], "m_group": 1,
+                        "k_block": K, "k_unroll": split, "k_split": split, "index": "2d",
+                        "store": store}
+                if runtime_b:
+                    vals["pack_b"] = N % nr != 0
+                cfg = space.from_values(vals)
+                if not space.is_valid(cfg):
+                    continue
+                # ties (common: the FMA pipes are saturated from 16 accumulators) go to tiles
+                # that divide M (no shifted last tile), then to no split, then to larger tiles
+                cost = model_cost(M, K, N, batch, mr, nr, split) * (1.02 if M % mr else 1.0)
+                c = (round(cost), split, -mr * nr)
+                if best_cost is None or c < best_cost:
+                    best, best_cost = cfg, c
     return best
 
 
