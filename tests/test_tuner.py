@@ -108,7 +108,7 @@ def test_features_of_a_real_conv2d_space():
     # the same knob value means the same number in another workload whose candidates differ
     wl7 = Workload(conv_workload(512, 512, 7))
     sp7 = tpl.space(wl7)
-    vals = {"tile_ow": 7, "tile_oc_blocks": 2, "reduction_order": ["c", "kh", "kw"], "unroll_kw": True}
+    vals = {"tile_ow": 7, "tile_oc_blocks": 2, "tile_oh": 1, "reduction_order": ["c", "kh", "kw"], "unroll_kw": True}
     a = config_features(tpl, wl, space.from_values(vals))
     b = config_features(tpl, wl7, sp7.from_values(vals))
     assert len(space.knobs[0].values) != len(sp7.knobs[0].values)
@@ -231,7 +231,7 @@ def test_xgb_on_a_real_conv2d_space_warm_started_from_log_like_records():
                                flops=2 * 9 * c * c * hw * hw / stride ** 2, workload=wl)
 
     def cost(values, rng):          # the best tiles use ~16 accumulators
-        vecs = values["tile_ow"] * values["tile_oc_blocks"]
+        vecs = values["tile_ow"] * values["tile_oc_blocks"] * values["tile_oh"]
         return 1e-3 * (1 + abs(math.log2(vecs / 16)) + 0.2 * values["unroll_kw"]) * \
             math.exp(0.02 * rng.standard_normal())
 
