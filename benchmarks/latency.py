@@ -3,7 +3,7 @@
     python benchmarks/latency.py [resnet18 mobilenet_v2 transformer ...] [--log tuning.jsonl]
 
 For each model: onnxruntime and modelc latency (batch 1, both on the same thread count, median
-of alternating runs), their ratio, cold compile time (empty kernel cache, fresh process) and
+over alternating blocks of runs), their ratio, cold compile time (empty kernel cache, fresh process) and
 warm compile time (fresh process, cache filled), the fastest convolution kernel's GFLOP/s and,
 for scale, numpy's sgemm GFLOP/s on this machine. The machine is shared and noisy: read ratios.
 """
@@ -43,6 +43,25 @@ def compile_seconds(path: str, shape, cache_dir: str, log: str | None) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def alternate(fns, rounds: int, block: int = 10, pause: float = 0.05) -> list:
+    """Per-call seconds of each fn, measured in alternating blocks.
+
+    Both runtimes keep their worker threads spinning for a while after a call; a pause between
+    blocks lets them go idle, so neither is measured while the other's threads still hold the
+    cores, and drift in the machine's load hits both alike.
+    """
+    times = [[] for _ in fns]
+    for _ in range(max(1, rounds // block)):
+        for k, fn in enumerate(fns):
+            time.sleep(pause)
+            fn()
+            for _ in range(block):
+                t = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t)
+    return times
+
+
 def sgemm_gflops(n: int = 1024) -> float:
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     a @ a
@@ -75,14 +94,7 @@ def bench(name: str, threads: int, rounds: int, log: str | None) -> dict:
     want = sess.run(None, feeds)[0]
     got = mod(x)
     err = float(np.abs(got - want).max() / np.abs(want).max())
-    t_ort, t_mc = [], []
-    for _ in range(rounds):                       # alternate, so drift hits both alike
-        t = time.perf_counter()
-        sess.run(None, feeds)
-        t_ort.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        mod.run(feeds)
-        t_mc.append(time.perf_counter() - t)
+    t_ort, t_mc = alternate([lambda: sess.run(None, feeds), lambda: mod.run(feeds)], rounds)
     prof = mod.profile(repeat=5)
     steps = [s for s in mod.program["steps"] if not s.get("view")]
     from modelc.tune.task import workload_flops
@@ -98,7 +110,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", default=["resnet18", "mobilenet_v2", "transformer"])
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=100, help="timed calls per runtime")
     p.add_argument("--log", help="compile with the best records of this tuning log")
     args = p.parse_args(argv)
     import numba

@@ -66,6 +66,8 @@ def main(argv=None):
     p.add_argument("--model", default="resnet18")
     p.add_argument("--trials", type=int, default=300)
     p.add_argument("--out", default="bench_tuning")
+    p.add_argument("--trials-per-round", type=int, default=8,
+                   help="small rounds leave budget for the scheduler after its warm-up pass")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     path = models.cached_path(args.model)
@@ -76,8 +78,9 @@ def main(argv=None):
 
     grad_log = os.path.join(args.out, "gradient.jsonl")
     rr_log = os.path.join(args.out, "round_robin.jsonl")
-    grad = tune(graph, n_trials=args.trials, log=grad_log, strategy="gradient", tasks=tasks, verbose=0)
-    rr = tune(graph, n_trials=args.trials, log=rr_log, strategy="round-robin", tasks=tasks, verbose=0)
+    kw = dict(n_trials=args.trials, tasks=tasks, verbose=0, trials_per_round=args.trials_per_round)
+    grad = tune(graph, log=grad_log, strategy="gradient", **kw)
+    rr = tune(graph, log=rr_log, strategy="round-robin", **kw)
 
     untuned = modelc.compile(graph)
     with R.ApplyHistoryBest(grad_log):
@@ -86,6 +89,7 @@ def main(argv=None):
     ref = modelc.reference.run(graph, {graph.inputs[0]: x})[graph.outputs[0]]
     err = float(np.abs(tuned(x) - ref).max() / np.abs(ref).max())
     t_untuned, t_tuned = latency_ms([untuned, tuned], x)
+    print(f"[{time.strftime('%H:%M:%S')}] tuned the model; now random vs xgb on one task", flush=True)
 
     conv = max((t for t in tasks if t.template.name == "conv2d"), key=lambda t: t.weight * t.flops)
     rnd = search(conv, "random", 200, os.path.join(args.out, "conv_random.jsonl"), target)
