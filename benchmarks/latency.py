@@ -22,6 +22,7 @@ import onnxruntime as ort
 
 import models
 import modelc
+from modelc.compare import alternating_timings
 from modelc.tune.records import ApplyHistoryBest
 
 SHAPE = {"transformer": None}
@@ -41,25 +42,6 @@ def compile_seconds(path: str, shape, cache_dir: str, log: str | None) -> float:
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return float(out.stdout.strip().splitlines()[-1])
-
-
-def alternate(fns, rounds: int, block: int = 10, pause: float = 0.05) -> list:
-    """Per-call seconds of each fn, measured in alternating blocks.
-
-    Both runtimes keep their worker threads spinning for a while after a call; a pause between
-    blocks lets them go idle, so neither is measured while the other's threads still hold the
-    cores, and drift in the machine's load hits both alike.
-    """
-    times = [[] for _ in fns]
-    for _ in range(max(1, rounds // block)):
-        for k, fn in enumerate(fns):
-            time.sleep(pause)
-            fn()
-            for _ in range(block):
-                t = time.perf_counter()
-                fn()
-                times[k].append(time.perf_counter() - t)
-    return times
 
 
 def sgemm_gflops(n: int = 1024) -> float:
@@ -94,7 +76,8 @@ def bench(name: str, threads: int, rounds: int, log: str | None) -> dict:
     want = sess.run(None, feeds)[0]
     got = mod(x)
     err = float(np.abs(got - want).max() / np.abs(want).max())
-    t_ort, t_mc = alternate([lambda: sess.run(None, feeds), lambda: mod.run(feeds)], rounds)
+    times = alternating_timings({"ort": lambda: sess.run(None, feeds), "modelc": lambda: mod.run(feeds)}, rounds)
+    t_ort, t_mc = times["ort"], times["modelc"]
     prof = mod.profile(repeat=5)
     steps = [s for s in mod.program["steps"] if not s.get("view")]
     from modelc.tune.task import workload_flops

@@ -162,6 +162,17 @@ def cmd_records(args):
             print(f"  {r.desc[:60]:<62}{r.cost * 1e3:9.4f} ms  {tpl}  {r.config}")
 
 
+def cmd_compare(args):
+    from .compare import run
+    return run(args)
+
+
+def cmd_plot(args):
+    from .plot import plot_log
+    plot_log(args.log, args.output)
+    print(f"wrote {args.output}")
+
+
 def cmd_export(args):
     import models
     if args.name not in models.MODELS:
@@ -242,6 +253,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-v", "--verbose", action="store_true", help="also print every failed measurement")
     s.set_defaults(fn=cmd_tune)
 
+    s = sub.add_parser("compare", help="latency and accuracy of modelc (untuned, tuned) vs onnxruntime")
+    from .compare import add_arguments
+    add_arguments(s)
+    s.set_defaults(fn=cmd_compare)
+
+    s = sub.add_parser("plot", help="plot a tuning log (needs the 'plot' extra: matplotlib)")
+    s.add_argument("log")
+    s.add_argument("-o", "--output", default="tuning.png")
+    s.set_defaults(fn=cmd_plot)
+
     s = sub.add_parser("records", help="inspect or distill a tuning log")
     s.add_argument("action", choices=["distill", "show"])
     s.add_argument("log")
@@ -275,11 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.fn(args)
+        status = args.fn(args)
     except ModelcError as e:
         print(f"modelc: error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return int(status or 0)
 
 
 if __name__ == "__main__":

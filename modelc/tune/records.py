@@ -65,6 +65,7 @@ class Record:
     workload: dict | None = None
     timestamp: float = 0.0
     version: str = __version__
+    weight: int = 1                   # occurrences of the workload in the tuned model (for plots)
 
     @property
     def cost(self) -> float:
@@ -78,7 +79,8 @@ class Record:
         return json.dumps({"v": RECORD_VERSION, "key": self.key, "desc": self.desc, "template": self.template,
                            "config": self.config, "costs": self.costs, "error": self.error,
                            "error_msg": self.error_msg[:500], "target": self.target, "workload": self.workload,
-                           "time": self.timestamp, "modelc": self.version}, separators=(",", ":"))
+                           "time": self.timestamp, "modelc": self.version, "weight": self.weight},
+                          separators=(",", ":"))
 
     @staticmethod
     def from_json(line: str) -> "Record":
@@ -87,7 +89,7 @@ class Record:
             raise ValueError("not a modelc record of this version")
         return Record(d["key"], d.get("desc", ""), d["template"], d["config"], list(d["costs"]),
                       int(d["error"]), d.get("error_msg", ""), d.get("target", {}), d.get("workload"),
-                      float(d.get("time", 0.0)), d.get("modelc", ""))
+                      float(d.get("time", 0.0)), d.get("modelc", ""), int(d.get("weight", 1)))
 
 
 class RecordWriter:

@@ -116,6 +116,7 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
             return []
         recs = measurer.measure(tasks[i], configs, target)
         for rec in recs:
+            rec.weight = tasks[i].weight
             writer.write(rec)
             if verbose >= 2 and rec.error:
                 print(f"[{tasks[i].desc}] {R.ERROR_NAMES[rec.error]}: {rec.error_msg}", file=sys.stderr)
