@@ -66,9 +66,9 @@ def cmd_info(args):
 
 def cmd_tasks(args):
     import json
-    from .passes import optimize
+    from .compiler import lower
     from .tune.task import tasks_from_graph
-    fused = optimize(_import(args))
+    fused = lower(_import(args))
     tasks = tasks_from_graph(fused)
     if args.graph:
         print(fused)

@@ -10,14 +10,14 @@ from onnx import TensorProto, helper, numpy_helper
 import models
 import modelc
 from modelc.ops.cost import graph_macs
-from modelc.passes import optimize
+from modelc.compiler import lower
 from modelc.tune.task import extract_tasks, tasks_from_graph
 
 
 @pytest.fixture(scope="module")
 def r18():
     graph = modelc.from_onnx(models.cached_path("resnet18"), shape={"input": (1, 3, 224, 224)})
-    return graph, optimize(graph)
+    return graph, lower(graph)
 
 
 def test_resnet18_weights_and_flops(r18):

@@ -22,16 +22,6 @@ from ..ops.cost import node_macs
 KEY_VERSION = 1
 COMMUTATIVE = {"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"}
 
-# kernel template per anchor op; groups whose anchor is not here run a fixed default kernel
-TEMPLATES = {
-    "Conv": "conv2d", "Dense": "dense", "MatMul": "batch_matmul",
-    "MaxPool": "pool", "AveragePool": "pool", "GlobalAveragePool": "pool", "GlobalMaxPool": "pool",
-    "Softmax": "softmax", "LogSoftmax": "softmax", "LayerNormalization": "layernorm",
-    "ReduceMean": "reduce", "ReduceSum": "reduce", "ReduceMax": "reduce",
-}
-TUNABLE = {"conv2d", "dense", "batch_matmul"}
-
-
 @dataclass
 class Task:
     key: str
@@ -195,7 +185,14 @@ def describe(graph: Graph, node: Node) -> str:
 
 
 def tasks_from_graph(graph: Graph) -> list[Task]:
-    """One Task per distinct workload of a fused graph, in order of first occurrence."""
+    """One Task per distinct workload of a fused graph, in order of first occurrence.
+
+    The template is the kernel template `compile` would pick; a group whose template has no
+    knobs (or a single config) runs that fixed kernel and is marked not tunable.
+    """
+    from ..kernels import templates as _templates  # noqa: F401  (registers the templates)
+    from ..kernels.template import select
+    from ..kernels.workload import Workload
     by_key: dict[str, Task] = {}
     for node in graph.topo():
         wl = workload_of(graph, node)
@@ -203,15 +200,20 @@ def tasks_from_graph(graph: Graph) -> list[Task]:
         if key in by_key:
             by_key[key].weight += 1
             continue
-        template = TEMPLATES.get(_anchor(node).op_type, "default")
+        tpl = select(Workload(wl))
+        tunable = tpl.tunable and len(tpl.space(Workload(wl))) > 1
         by_key[key] = Task(key, describe(graph, node), node.attrs.get("pattern", node.op_type.lower()),
-                           1, group_flops(graph, node), template, template in TUNABLE, wl, node, graph)
+                           1, group_flops(graph, node), tpl.name, tunable, wl, node, graph)
     return list(by_key.values())
 
 
 def extract_tasks(model, shape: dict | None = None) -> list[Task]:
-    """The tuning tasks of a model (path, ModelProto or imported Graph), as Ansor extracts them."""
+    """The tasks of a model (path, ModelProto or imported Graph), as Ansor extracts them.
+
+    The graph goes through the same passes, fusion and layout planning as `compile`, so the keys
+    are the ones tuning records and `ApplyHistoryBest` use.
+    """
+    from ..compiler import lower
     from ..frontend import from_onnx
-    from ..passes import optimize
     graph = model if isinstance(model, Graph) else from_onnx(model, shape=shape)
-    return tasks_from_graph(optimize(graph))
+    return tasks_from_graph(lower(graph))

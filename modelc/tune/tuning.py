@@ -12,15 +12,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..frontend import from_onnx
-from ..ir import Graph
 from ..kernels import templates as _templates  # noqa: F401
 from ..kernels.space import ConfigSpace
-from ..kernels.template import Template, select
+from ..kernels.template import Template
+from ..kernels.template import get as get_template
 from ..kernels.workload import Workload
 from . import records as R
 from .measure import MeasureOptions, Measurer
-from .task import tasks_from_graph
 
 
 @dataclass
@@ -37,18 +35,13 @@ class TuningTask:
 
 def tuning_tasks(model, shape: dict | None = None) -> list:
     """The model's tasks that have a tunable template with more than one config."""
-    from ..compiler import lower
-    graph = model if isinstance(model, Graph) else from_onnx(model, shape=shape)
+    from .task import extract_tasks
     out = []
-    for t in tasks_from_graph(lower(graph)):
-        wl = Workload(t.workload)
-        tpl = select(wl)
-        if not tpl.tunable:
-            continue
-        space = tpl.space(wl)
-        if len(space) <= 1:
-            continue
-        out.append(TuningTask(t.key, t.desc, t.weight, t.flops, t.workload, wl, tpl, space))
+    for t in extract_tasks(model, shape):
+        if t.tunable:
+            wl = Workload(t.workload)
+            tpl = get_template(t.template)
+            out.append(TuningTask(t.key, t.desc, t.weight, t.flops, t.workload, wl, tpl, tpl.space(wl)))
     return out
 
 
