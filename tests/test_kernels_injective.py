@@ -52,3 +52,11 @@ def test_injective_group_matches_reference(name):
     got = mod(x)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_division_by_zero_gives_inf_as_onnx_says():
+    nodes = [helper.make_node("Div", ["x", "d"], ["y"])]
+    m = _model(nodes, [4], [_c("d", [0.0, 0.0, 0.0, 4.0], np.float32)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = modelc.compile(m)(np.array([1, -1, 0, 2], np.float32))
+    assert y[0] == np.inf and y[1] == -np.inf and np.isnan(y[2]) and y[3] == 0.5

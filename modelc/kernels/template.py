@@ -81,8 +81,10 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
     sig = ", ".join(f"{_NB[np.dtype(d).name]}[::1]" for d in dtypes)
     lines = ["import math", "import numpy as np", "import numba", "from numba import prange, carray",
              "from modelc.kernels.stack import stack_empty", *extra, "",
+             # error_model='numpy': x / 0 gives inf as ONNX says, instead of raising (and the
+             # zero check numba's default inserts would also stop the loop from vectorising)
              f"@numba.njit('void({sig})', parallel={parallel}, fastmath={fastmath}, cache=True, "
-             "boundscheck=False, nogil=True)",
+             "boundscheck=False, nogil=True, error_model='numpy')",
              f"def kernel({', '.join(args)}):"]
     lines += ["    " + ln for ln in body]
     return "\n".join(lines) + "\n"
