@@ -247,3 +247,15 @@ def test_xgb_on_a_real_conv2d_space_warm_started_from_log_like_records():
     best = min(cost(task.space.get(i).values, np.random.default_rng(0))
                for i in tuner.valid_indices().tolist())
     assert min(costs) < 1.1 * best
+
+
+def test_preferred_configs_come_first_and_only_once():
+    task = synthetic_task()
+    tuner = RandomTuner(task, seed=3)
+    default = task.space.get(task.space.valid_indices()[7])
+    tuner.prefer([default])
+    first = tuner.next_batch(4)
+    assert first[0].index == default.index
+    tuner.update(first, [1e-3] * len(first))
+    later = [c.index for _ in range(5) for c in tuner.next_batch(4)]
+    assert default.index not in later

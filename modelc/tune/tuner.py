@@ -60,6 +60,7 @@ class Tuner:
                                dtype=np.int64 if self.size < 2 ** 62 else object)
         self.measured: dict[int, float] = {}        # index -> latency (inf: failed)
         self.pending: set[int] = set()
+        self._preferred: list[int] = []        # handed out first, see prefer()
         self.best_cost, self.best_config = math.inf, None
         self._valid_cache: dict[int, bool] = {}
         self._valid: np.ndarray | None = None         # small spaces: all valid indices, sorted
@@ -121,10 +122,16 @@ class Tuner:
             return self._left > 0
         return not self._dry and len(self.measured) + len(self.pending) < self.size
 
+    def prefer(self, configs) -> None:
+        """Configs to hand out first (the template's default: a tuned task is never worse than
+        its untuned kernel just because a few random picks missed it)."""
+        self._preferred += [c.index for c in configs]
+
     def next_batch(self, n: int) -> list:
         """Up to n valid configs, none measured or pending (fewer only near exhaustion)."""
         out = []
-        for idx in self._propose(n):
+        preferred, self._preferred = self._preferred, []
+        for idx in preferred + [int(i) for i in self._propose(n)]:
             idx = int(idx)
             if len(out) >= n or self.visited(idx) or not self.is_valid(idx):
                 continue

@@ -92,6 +92,8 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
         if i is not None:
             history.setdefault(i, []).append(r.cost)
     tuners = [TUNERS[tuner](t, seed=seed + i) for i, t in enumerate(tasks)]
+    for t, tn in zip(tasks, tuners):
+        tn.prefer([t.template.default_config(t.wl, t.space)])
     rtasks: dict = {}
     warm = [(rtasks.setdefault(r.key, _RecordTask(r)), r.config, r.cost) for r in prior
             if r.workload is not None]
