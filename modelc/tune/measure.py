@@ -26,7 +26,9 @@ class Worker:
         self.proc = None
 
     def _start(self):
-        env = dict(os.environ)
+        # the reference check runs numpy; BLAS threads left spinning after it would steal the
+        # cores from the kernel being timed (the first candidate of each task read 2-10x slow)
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "modelc.tune.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                      bufsize=1, env=env)
