@@ -88,20 +88,19 @@ def main(argv=None):
     x = np.random.default_rng(0).standard_normal(untuned.input_specs[0]["shape"]).astype(np.float32)
     ref = modelc.reference.run(graph, {graph.inputs[0]: x})[graph.outputs[0]]
     err = float(np.abs(tuned(x) - ref).max() / np.abs(ref).max())
-    t_untuned, t_tuned = latency_ms([untuned, tuned], x)
-    print(f"[{time.strftime('%H:%M:%S')}] tuned the model; now random vs xgb on one task", flush=True)
+    t_untuned, t_tuned = latency_ms([untuned, tuned], x, rounds=100)
+    print(f"model {args.model}, {len(tasks)} tunable tasks, budget {args.trials} trials, target {target['cpu']}")
+    print(f"untuned {t_untuned:.2f} ms | tuned {t_tuned:.2f} ms | speedup {t_untuned / t_tuned:.2f}x "
+          f"(target >= 1.3x) | tuned max rel error {err:.1e}")
+    print(f"estimated total latency at {args.trials} trials: gradient {grad.objective_value() * 1e3:.3f} ms, "
+          f"round-robin {rr.objective_value() * 1e3:.3f} ms "
+          f"(gradient/round-robin {grad.objective_value() / rr.objective_value():.3f})", flush=True)
 
     conv = max((t for t in tasks if t.template.name == "conv2d"), key=lambda t: t.weight * t.flops)
     rnd = search(conv, "random", 200, os.path.join(args.out, "conv_random.jsonl"), target)
     xgb = search(conv, "xgb", 200, os.path.join(args.out, "conv_xgb.jsonl"), target, stop_at=rnd[-1])
     match = next((i + 1 for i, c in enumerate(xgb) if c <= rnd[-1]), None)
 
-    print(f"model {args.model}, {len(tasks)} tunable tasks, budget {args.trials} trials, target {target['cpu']}")
-    print(f"untuned {t_untuned:.2f} ms | tuned {t_tuned:.2f} ms | speedup {t_untuned / t_tuned:.2f}x "
-          f"(target >= 1.3x) | tuned max rel error {err:.1e}")
-    print(f"estimated total latency at {args.trials} trials: gradient {grad.objective_value() * 1e3:.3f} ms, "
-          f"round-robin {rr.objective_value() * 1e3:.3f} ms "
-          f"(gradient/round-robin {grad.objective_value() / rr.objective_value():.3f})")
     print(f"conv task '{conv.desc}' ({len(conv.space)} configs): random best of {len(rnd)} = "
           f"{rnd[-1] * 1e3:.4f} ms; xgb matched it after {match if match else 'more than ' + str(len(xgb))} "
           f"trials (target <= 100)")
