@@ -8,6 +8,7 @@ before the next round starts.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -139,27 +140,27 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
 
 
 class _RecordTask:
-    """What a tuner's warm start needs to know about the task a logged record belongs to."""
+    """What a tuner's warm start needs to know about the task a logged record belongs to.
+
+    Every tuner reads every logged record at start-up, so what is derived from the workload
+    (template, space, FLOPs) is computed once per logged task, not once per read.
+    """
 
     def __init__(self, rec: R.Record):
         self.key = rec.key
         self.workload = rec.workload
         self.wl = Workload(rec.workload)
         self.template_name = rec.template
-        self._template = None
 
-    @property
+    @functools.cached_property
     def template(self):
-        if self._template is None:
-            from ..kernels.template import get
-            self._template = get(self.template_name)
-        return self._template
+        return get_template(self.template_name)
 
-    @property
+    @functools.cached_property
     def space(self):
         return self.template.space(self.wl)
 
-    @property
+    @functools.cached_property
     def flops(self):
         from .task import workload_flops
         return workload_flops(self.workload)
