@@ -130,3 +130,29 @@ def test_cli_compile_and_run(tmp_path, capsys):
     assert y.shape == (1, 1000)
     assert main(["run", str(tmp_path / "nope.mc")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_reductions_after_injective_or_elementwise_ops_get_kernels():
+    """Inception's head (Concat -> ReduceMean) and RMS-norm-like x*x -> ReduceMean: the ops before a
+    reduction must not be fused into it, or the group runs on the numpy fallback."""
+    vi = helper.make_tensor_value_info
+    F = TensorProto.FLOAT
+    nodes = [helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("ReduceMean", ["c", "axes"], ["m"], keepdims=1),
+             helper.make_node("Mul", ["a", "a"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "axes"], ["r"], keepdims=1),
+             helper.make_node("Sqrt", ["r"], ["s"])]
+    g = helper.make_graph(nodes, "g", [vi("a", F, [1, 32, 5, 5]), vi("b", F, [1, 16, 5, 5])],
+                          [vi("m", F, [1, 48, 1, 1]), vi("s", F, [1, 32, 1, 1])],
+                          [numpy_helper.from_array(np.array([2, 3], np.int64), "axes")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    mod = modelc.compile(model.SerializeToString())
+    assert not mod.fallbacks, f"groups without a kernel: {mod.fallbacks}"
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((1, 32, 5, 5)).astype(np.float32),
+             "b": rng.standard_normal((1, 16, 5, 5)).astype(np.float32)}
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = mod.run(feeds)
+    for name, want in zip(["m", "s"], sess.run(["m", "s"], feeds)):
+        assert np.abs(got[name] - want).max() <= 1e-5 * np.abs(want).max()

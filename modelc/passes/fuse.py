@@ -3,8 +3,10 @@
 Rules, applied along single-consumer chains in topological order:
 - a conv, dense or matmul (out-elementwise-fusable) absorbs the elementwise and broadcast ops that
   follow it and keep its output shape: bias, activation, residual add, clip, per-channel scale;
-- injective, elementwise and broadcast ops fuse together, and may end in one reduction;
-- a reduction absorbs the elementwise ops after it;
+- injective, elementwise and broadcast ops fuse together;
+- a reduction absorbs the elementwise ops after it, but not the ops before it (TVM lets an injective
+  chain end in a reduction; our reduction templates read their input directly, and such a group
+  would otherwise run on the numpy fallback);
 - opaque ops stand alone.
 A Fused node holds its subgraph, so the reference executor can still run it. Weights and other
 tensors become the node's inputs; shape parameters and scalar constants stay inside the subgraph,
@@ -50,9 +52,6 @@ def _chain_allow(node, state):
     k = _kind(node)
     if state["reduced"]:
         return k <= Kind.BROADCAST
-    if k == Kind.REDUCTION:
-        state["reduced"] = True
-        return True
     return k <= Kind.INJECTIVE
 
 

@@ -1,0 +1,122 @@
+"""Compile every ONNX model given (files or folders) and check it against onnxruntime.
+
+For models we do not ship, such as PyTorch exports of torchvision networks made with
+`benchmarks/export_torchvision.py` (needs torch and torchvision) or ONNX-zoo files. Each model gets
+one line: imported/compiled or the error modelc gave, the kernels that fell back to numpy, the
+error relative to the output scale over seeded inputs, top-1 agreement, and the latency ratio.
+
+    python benchmarks/check_models.py /path/to/models --inputs 2 --jobs 1
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import modelc  # noqa: E402
+from modelc.compare import TOLERANCE  # noqa: E402
+from modelc.errors import ModelcError  # noqa: E402
+
+
+def _inputs(sess, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        if "int64" in i.type:
+            feeds[i.name] = rng.integers(0, 100, shape).astype(np.int64)
+        else:
+            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def check(path: str, n_inputs: int, jobs: int, bench: bool) -> dict:
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    res = {"model": os.path.basename(path)}
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    shapes = {i.name: [d if isinstance(d, int) else 1 for d in i.shape] for i in sess.get_inputs()}
+    t0 = time.perf_counter()
+    try:
+        mod = modelc.compile(path, shape=shapes, jobs=jobs)
+    except ModelcError as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+        return res
+    except Exception as e:           # a traceback from deep inside is a bug of ours: show where
+        res["error"] = f"BUG {type(e).__name__}: {e} @ {traceback.format_exc().splitlines()[-3].strip()}"
+        return res
+    res["compile_s"] = time.perf_counter() - t0
+    res["fallbacks"] = sorted(set(mod.fallbacks))
+    rel, agree = 0.0, 0
+    for k in range(n_inputs):
+        feeds = _inputs(sess, k)
+        want = sess.run(None, feeds)
+        got = mod(**feeds) if len(feeds) > 1 else mod(*feeds.values())
+        got = got if isinstance(got, (list, tuple)) else [got]
+        for w, g in zip(want, got):
+            w = np.asarray(w)
+            g = np.asarray(g)
+            if w.shape != g.shape:
+                res["error"] = f"output shape {g.shape} != onnxruntime's {w.shape}"
+                return res
+            if w.dtype.kind == "f":
+                rel = max(rel, float(np.abs(g.astype(np.float64) - w).max()) / max(float(np.abs(w).max()), 1e-30))
+            else:
+                rel = max(rel, float((g != w).mean()))
+        w0, g0 = np.asarray(want[0]), np.asarray(got[0])
+        agree += int(np.argmax(w0.reshape(w0.shape[0], -1), -1).tolist() == np.argmax(g0.reshape(g0.shape[0], -1), -1).tolist())
+    res.update(rel_err=rel, top1=f"{agree}/{n_inputs}", ok=rel <= TOLERANCE)
+    if bench:
+        feeds = _inputs(sess, 0)
+        ts_ort, ts_mc = [], []
+        for _ in range(5):
+            for fn, ts in ((lambda: sess.run(None, feeds), ts_ort), (lambda: mod(*feeds.values()), ts_mc)):
+                fn()
+                t = time.perf_counter()
+                for _ in range(5):
+                    fn()
+                ts.append((time.perf_counter() - t) / 5)
+        res["ort_ms"] = 1e3 * float(np.median(ts_ort))
+        res["modelc_ms"] = 1e3 * float(np.median(ts_mc))
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+")
+    ap.add_argument("--inputs", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=None, help="kernel compile processes")
+    ap.add_argument("--bench", action="store_true", help="also time onnxruntime and modelc")
+    args = ap.parse_args(argv)
+    files = []
+    for p in args.paths:
+        files += sorted(glob.glob(os.path.join(p, "*.onnx"))) if os.path.isdir(p) else [p]
+    bad = 0
+    for f in files:
+        r = check(f, args.inputs, args.jobs, args.bench)
+        if "error" in r:
+            bad += 1
+            print(f"{r['model']:44s} ERROR {r['error'][:400]}", flush=True)
+            continue
+        bad += not r["ok"]
+        line = (f"{r['model']:44s} {'ok  ' if r['ok'] else 'DIFF'} rel err {r['rel_err']:.1e} top-1 {r['top1']} "
+                f"compile {r['compile_s']:.0f} s")
+        if "ort_ms" in r:
+            line += f"  ort {r['ort_ms']:.2f} ms modelc {r['modelc_ms']:.2f} ms ({r['modelc_ms'] / r['ort_ms']:.2f}x)"
+        if r["fallbacks"]:
+            line += f"  fallback: {', '.join(r['fallbacks'])}"
+        print(line, flush=True)
+    print(f"{len(files)} models, {bad} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
