@@ -156,3 +156,50 @@ def test_reductions_after_injective_or_elementwise_ops_get_kernels():
     got = mod.run(feeds)
     for name, want in zip(["m", "s"], sess.run(["m", "s"], feeds)):
         assert np.abs(got[name] - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def _check_against_ort(model, feeds, tol=1e-5):
+    model.ir_version = 8
+    mod = modelc.compile(model.SerializeToString())
+    assert not mod.fallbacks, f"groups without a kernel: {mod.fallbacks}"
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, feeds)[0]
+    got = mod(**feeds)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= tol * np.abs(want).max()
+
+
+@pytest.mark.parametrize("mode,ctm", [("linear", "half_pixel"), ("linear", "align_corners"),
+                                      ("nearest", "asymmetric"), ("cubic", "pytorch_half_pixel")])
+def test_resize_after_a_blocked_conv_gets_a_kernel(mode, ctm):
+    """Segmentation heads upsample conv outputs (blocked NCHW16c) and concatenate them."""
+    vi = helper.make_tensor_value_info
+    F = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((32, 3, 3, 3)).astype(np.float32), "w")
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    sizes = numpy_helper.from_array(np.array([1, 32, 29, 21], np.int64), "sizes")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["c", "", "scales"], ["up"], mode=mode, coordinate_transformation_mode=ctm),
+             helper.make_node("Resize", ["c", "", "", "sizes"], ["up2"], mode=mode, coordinate_transformation_mode=ctm),
+             helper.make_node("Resize", ["up2", "", "", "sizes2"], ["down"], mode=mode,
+                              coordinate_transformation_mode=ctm),
+             helper.make_node("Concat", ["up", "down"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "g", [vi("x", F, [1, 3, 12, 10])], [vi("y", F, [1, 64, 24, 20])],
+                          [w, scales, sizes, numpy_helper.from_array(np.array([1, 32, 24, 20], np.int64), "sizes2")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    _check_against_ort(model, {"x": rng.standard_normal((1, 3, 12, 10)).astype(np.float32)})
+
+
+def test_global_pool_of_a_video_network_gets_a_kernel():
+    vi = helper.make_tensor_value_info
+    F = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1] * 6),
+             helper.make_node("GlobalAveragePool", ["c"], ["a"]),
+             helper.make_node("GlobalMaxPool", ["c"], ["m"]),
+             helper.make_node("Add", ["a", "m"], ["y"])]
+    g = helper.make_graph(nodes, "g", [vi("x", F, [1, 3, 4, 6, 6])], [vi("y", F, [1, 8, 1, 1, 1])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    _check_against_ort(model, {"x": rng.standard_normal((1, 3, 4, 6, 6)).astype(np.float32)})

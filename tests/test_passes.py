@@ -166,3 +166,18 @@ def test_identity_before_graph_output_keeps_the_output_name():
     g = modelc.from_onnx(_model(nodes, [_vi("x", [4])], [_vi("y", [4])]))
     opt = passes.optimize(g, fuse_ops=False, verify=True)
     assert opt.outputs == ["y"] and [n.op_type for n in opt.topo()] == ["Relu"]
+
+
+@pytest.mark.parametrize("equation,a,b", [
+    ("bhid,bhjd->bhij", (2, 3, 5, 4), (2, 3, 6, 4)), ("bhij,bhjd->bhid", (2, 3, 5, 6), (2, 3, 6, 4)),
+    ("ik,jk->ij", (5, 4), (6, 4)), ("bij,jk->bik", (2, 5, 4), (4, 3)), ("bi,bj->bij", (3, 5), (3, 4)),
+    ("ij,ij->i", (5, 4), (5, 4)), ("...ij,...jk->...ki", (2, 5, 4), (2, 4, 3)), ("ij,jk->", (3, 4), (4, 2))])
+def test_einsum_becomes_matmul_where_it_can(equation, a, b):
+    g = modelc.from_onnx(_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)],
+                                [_vi("a", list(a)), _vi("b", list(b))],
+                                [_vi("y", list(np.einsum(equation, np.ones(a), np.ones(b)).shape))], opset=12))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    lowered = "Einsum" not in opt.op_counts()
+    assert lowered == (equation != "ij,jk->")          # a label summed within one operand stays
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))

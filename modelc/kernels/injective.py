@@ -22,7 +22,36 @@ from .template import Kernel, Template, broadcast_index, register, source
 from .workload import Workload
 
 MOVES = {"Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Tile", "Pad", "Split",
-         "Flatten", "Squeeze", "Unsqueeze"}
+         "Flatten", "Squeeze", "Unsqueeze", "Resize"}
+MAX_RESIZE_TERMS = 64         # taps per output element (cubic 2-d: 16); antialiased shrinks go beyond
+
+
+def resize_taps(op, in_shape, params) -> list | None:
+    """[(axis, indices (n_out, taps), weights (n_out, taps) or None)] per resized axis, computed
+    at code generation by the reference's own tap rules; None if no kernel should take it."""
+    from ..ops.tensor import _resize_plan, _source_coords, _taps
+    at = op.attrs
+    mode = at.get("mode", "nearest")
+    ctm = at.get("coordinate_transformation_mode", "half_pixel")
+    if ctm == "tf_crop_and_resize" or mode not in ("nearest", "linear", "cubic"):
+        return None
+    a = op.args
+    scales = params[a[2]] if len(a) > 2 and a[2] else None
+    sizes = params[a[3]] if len(a) > 3 and a[3] else None
+    if (len(a) > 2 and a[2] and scales is None) or (len(a) > 3 and a[3] and sizes is None):
+        return None
+    out, terms = [], 1
+    for axis, scale, n_out, _ in _resize_plan(in_shape, None, scales, sizes, at.get("axes"),
+                                              at.get("keep_aspect_ratio_policy", "stretch")):
+        n_in = in_shape[axis]
+        if math.isclose(scale, 1.0) and n_out == n_in:
+            continue                       # the identity along this axis, as in the reference
+        x, _ = _source_coords(ctm, np.arange(n_out, dtype=np.float64), scale, n_in, n_out, None)
+        idx, w = _taps(x, n_in, scale, mode, at.get("nearest_mode", "round_prefer_floor"),
+                       at.get("cubic_coeff_a", -0.75), at.get("antialias", 0), at.get("exclude_outside", 0))
+        terms *= idx.shape[1]
+        out.append((axis, idx, w))
+    return out if terms <= MAX_RESIZE_TERMS else None
 
 
 class _Gen:
@@ -37,6 +66,7 @@ class _Gen:
                 self.producer[f"v{op.index}.{k}"] = (op, k)
         self.n = 0
         self.params_used = set()
+        self.tables = {}             # generated lookup arrays (Resize taps): name -> array
 
     def fresh(self):
         self.n += 1
@@ -169,7 +199,41 @@ class _Gen:
             lines.append(f"{ind}    {iv} += {in_shape[axis]}")
             sub = list(idx[:axis]) + [iv] + list(idx[axis + q:])
             return self.value(x, sub, lines, ind, memo)
+        if op.op == "Resize":
+            return self._resize(op, x, in_shape, idx, dtype, lines, ind, memo)
         raise ModelcError(f"op {op.op} has no injective kernel")
+
+    def _resize(self, op, x, in_shape, idx, dtype, lines, ind, memo):
+        """Separable resize: per resized axis, input taps and weights come from tables indexed by
+        the output coordinate; the value is the weighted sum over every combination of taps."""
+        plan = resize_taps(op, in_shape, self.wl.params)
+        if plan is None:
+            raise ModelcError("this Resize has no injective kernel")
+        combos = [([], "")]
+        for axis, tap_idx, w in plan:
+            ntaps = tap_idx.shape[1]
+            ti = f"rz{op.index}_{axis}_i"
+            self.tables[ti] = tap_idx.astype(np.int64).reshape(-1)
+            if w is not None:
+                tw = f"rz{op.index}_{axis}_w"
+                self.tables[tw] = w.astype(dtype).reshape(-1)
+            grown = []
+            for subs, weight in combos:
+                for t in range(ntaps):
+                    pos = f"np.uintp(({idx[axis]}) * {ntaps} + {t})"
+                    wt = weight if w is None else (f"{weight} * {tw}[{pos}]" if weight else f"{tw}[{pos}]")
+                    grown.append((subs + [(axis, f"{ti}[{pos}]")], wt))
+            combos = grown
+        terms = []
+        for subs, weight in combos:
+            sub = list(idx)
+            for axis, e in subs:
+                sub[axis] = e
+            v = self.value(x, sub, lines, ind, memo)
+            terms.append(f"{weight} * {v}" if weight else v)
+        name = self.fresh()
+        lines.append(f"{ind}{name} = {' + '.join(terms)}")
+        return name
 
     def _split_sizes(self, op, in_shape, axis):
         a = op.args
@@ -196,6 +260,9 @@ class Injective(Template):
             if op.op in ("Slice", "Pad", "Split") and any(
                     x.startswith("i") for x in op.args[1:] if x):
                 return False
+            if op.op == "Resize" and (resize_taps(op, wl.spec(op.args[0]).shape, wl.params) is None or (
+                    op.attrs.get("mode", "nearest") != "nearest" and wl.spec(op.args[0]).dtype.kind != "f")):
+                return False
         return all(t.dtype.kind in "biuf" for t in wl.outputs)
 
     def space(self, wl: Workload) -> ConfigSpace:
@@ -209,10 +276,11 @@ class Injective(Template):
         for k, (out, ref) in enumerate(zip(wl.outputs, wl.output_values)):
             body += self._loop(gen, k, out, ref)
         ins = sorted({int(r[1:]) for op in wl.ops for r in op.args if r.startswith("i")})
-        args = [f"out{k}" for k in range(len(wl.outputs))] + [f"in{k}" for k in ins] + sorted(gen.params_used)
-        dtypes = [t.dtype for t in wl.outputs] + [wl.inputs[k].dtype for k in ins] + \
-            [wl.params[p].dtype for p in sorted(gen.params_used)]
         params = {p: np.ascontiguousarray(wl.params[p]).reshape(-1) for p in gen.params_used}
+        params.update(gen.tables)
+        args = [f"out{k}" for k in range(len(wl.outputs))] + [f"in{k}" for k in ins] + sorted(params)
+        dtypes = [t.dtype for t in wl.outputs] + [wl.inputs[k].dtype for k in ins] + \
+            [params[p].dtype for p in sorted(params)]
         return Kernel(source(args, dtypes, body or ["pass"]), args, lambda consts: dict(params))
 
     def _loop(self, gen: _Gen, k: int, out, ref: str) -> list:

@@ -6,6 +6,7 @@ from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .dense import to_dense
+from .einsum import lower_einsum
 from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
 from .fuse import fuse
@@ -16,6 +17,7 @@ from .simplify import simplify
 # simplification removes identities that would hide patterns; fusion comes last
 PIPELINE = [
     fold_constants,
+    lower_einsum,
     simplify,
     canonicalize,
     fold_batchnorm,

@@ -2,13 +2,17 @@
 
 Exporters differ in what they write (TorchScript writes every Conv attribute, the dynamo exporter
 omits defaults, old models use auto_pad), so kernel_shape, strides, dilations, explicit pads and
-group are filled in here; auto_pad is resolved against the now-static shapes.
+group are filled in here; auto_pad is resolved against the now-static shapes. Global pools over
+other than two spatial axes (a video network's 3-d head) become the reductions they are, which
+have kernels for any rank.
 """
 from __future__ import annotations
 
 import math
 
-from ..ir import Graph
+import numpy as np
+
+from ..ir import Graph, Node
 
 _SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"}
 
@@ -30,8 +34,22 @@ def _resolve_pads(node, in_spatial, kernel, strides, dilations):
     return begin + end
 
 
+def _global_pool_as_reduce(graph: Graph, node: Node):
+    rank = len(graph.tensors[node.inputs[0]].shape)
+    axes = graph.add_const(graph.fresh_name(f"{node.name}_axes"), np.arange(2, rank, dtype=np.int64))
+    op = "ReduceMean" if node.op_type == "GlobalAveragePool" else "ReduceMax"
+    order = graph.nx.nodes[node.name]["order"]
+    graph.remove_node(node.name, drop_outputs=False)
+    graph.add_node(Node(node.name, op, [node.inputs[0], axes], list(node.outputs), {"keepdims": 1},
+                        node.onnx_name), order)
+
+
 def canonicalize(graph: Graph) -> Graph:
     for node in graph.topo():
+        if node.op_type in ("GlobalAveragePool", "GlobalMaxPool") and \
+                len(graph.tensors[node.inputs[0]].shape) != 4:
+            _global_pool_as_reduce(graph, node)
+            continue
         if node.op_type not in _SPATIAL or node.op_type == "ConvTranspose":
             continue
         x = graph.tensors[node.inputs[0]].shape
