@@ -54,6 +54,14 @@ def resize_taps(op, in_shape, params) -> list | None:
     return out if terms <= MAX_RESIZE_TERMS else None
 
 
+def _expr(i) -> str:
+    """An index as an expression: a blocked channel index (block, lane, size) is re-joined."""
+    if isinstance(i, tuple):
+        blk, lane, size = i
+        return f"({blk}) * {size} + {lane}"
+    return str(i)
+
+
 class _Gen:
     """Emits the statements computing one output element; returns expression names."""
 
@@ -115,11 +123,27 @@ class _Gen:
         x = a[0]
         in_shape = self.shape(x)
         if op.op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
-            lin = self.fresh()
-            terms = [f"({i}) * {s}" for i, s in zip(idx, strides(out_shape)) if str(i) != "0"]
-            lines.append(f"{ind}{lin} = {' + '.join(terms) if terms else '0'}")
-            sub = [f"({lin} // {s}) % {d}" if s > 1 else f"{lin} % {d}"
-                   for s, d in zip(strides(in_shape), in_shape)]
+            # axes the reshape keeps at either end pass through; only the middle is re-linearised
+            # (a channel shuffle then costs a few operations per channel, not per element, since
+            # the divisions no longer involve the inner loop's index)
+            n = min(len(in_shape), len(out_shape))
+            lo = 0
+            while lo < n and in_shape[lo] == out_shape[lo]:
+                lo += 1
+            hi = 0
+            while hi < n - lo and in_shape[len(in_shape) - 1 - hi] == out_shape[len(out_shape) - 1 - hi]:
+                hi += 1
+            mid_out = list(out_shape[lo:len(out_shape) - hi])
+            mid_in = list(in_shape[lo:len(in_shape) - hi])
+            mid_idx = list(idx[lo:len(idx) - hi])
+            sub_mid = []
+            if mid_in:
+                lin = self.fresh()
+                terms = [f"({_expr(i)}) * {s}" for i, s in zip(mid_idx, strides(mid_out)) if str(i) != "0"]
+                lines.append(f"{ind}{lin} = {' + '.join(terms) if terms else '0'}")
+                sub_mid = [f"({lin} // {s}) % {d}" if s > 1 else f"{lin} % {d}"
+                           for s, d in zip(strides(mid_in), mid_in)]
+            sub = list(idx[:lo]) + sub_mid + list(idx[len(idx) - hi:])
             return self.value(x, sub, lines, ind, memo)
         if op.op == "Transpose":
             perm = op.attrs.get("perm") or list(range(len(in_shape)))[::-1]
