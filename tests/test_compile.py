@@ -203,3 +203,22 @@ def test_global_pool_of_a_video_network_gets_a_kernel():
     g = helper.make_graph(nodes, "g", [vi("x", F, [1, 3, 4, 6, 6])], [vi("y", F, [1, 8, 1, 1, 1])], [w])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     _check_against_ort(model, {"x": rng.standard_normal((1, 3, 4, 6, 6)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("branch_channels", [(16, 32), (8, 12)])
+def test_concat_of_conv_branches_feeding_a_conv(branch_channels):
+    """Inception/SqueezeNet blocks: the Concat writes the next conv's blocked layout (with its halo)
+    directly when the branches are whole blocks, and still computes right when they are not."""
+    vi = helper.make_tensor_value_info
+    F = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    ca, cb = branch_channels
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in
+             [("wa", (ca, 16, 1, 1)), ("wb", (cb, 16, 3, 3)), ("wc", (32, ca + cb, 3, 3))]]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"]), helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Conv", ["x", "wb"], ["b"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["ar", "b"], ["c"], axis=1),
+             helper.make_node("Conv", ["c", "wc"], ["y"], pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "g", [vi("x", F, [1, 16, 9, 11])], [vi("y", F, [1, 32, 9, 11])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    _check_against_ort(model, {"x": rng.standard_normal((1, 16, 9, 11)).astype(np.float32)})

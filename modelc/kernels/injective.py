@@ -122,6 +122,8 @@ class _Gen:
             return name
         x = a[0]
         in_shape = self.shape(x)
+        if op.op not in ("Transpose", "Concat"):     # these carry a split channel index along
+            idx = [_expr(i) for i in idx]
         if op.op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
             # axes the reshape keeps at either end pass through; only the middle is re-linearised
             # (a channel shuffle then costs a few operations per channel, not per element, since
@@ -173,6 +175,11 @@ class _Gen:
             return self.value(x, sub, lines, ind, memo)
         if op.op == "Concat":
             axis = op.attrs["axis"] % len(out_shape)
+            ci = idx[axis]
+            sizes = [self.shape(arg)[axis] for arg in a]
+            if isinstance(ci, tuple) and any(n % ci[2] for n in sizes):
+                idx = list(idx)
+                idx[axis] = ci = _expr(ci)
             name = self.fresh()
             lines.append(f"{ind}{name} = {lit(0, dtype)}")
             start = 0
@@ -180,10 +187,15 @@ class _Gen:
                 size = self.shape(arg)[axis]
                 if size == 0:
                     continue
-                cond = f"{idx[axis]} < {start + size}"
-                lines.append(f"{ind}{'if' if start == 0 else 'elif'} {cond}:")
                 sub = list(idx)
-                sub[axis] = f"{idx[axis]} - {start}" if start else idx[axis]
+                if isinstance(ci, tuple):      # blocked channels, every part whole blocks
+                    blk, lane, b = ci
+                    cond = f"{blk} < {(start + size) // b}"
+                    sub[axis] = (f"{blk} - {start // b}" if start else blk, lane, b)
+                else:
+                    cond = f"{ci} < {start + size}"
+                    sub[axis] = f"{ci} - {start}" if start else ci
+                lines.append(f"{ind}{'if' if start == 0 else 'elif'} {cond}:")
                 body = []
                 v = self.value(arg, sub, body, ind + "    ", {})
                 lines.extend(body)

@@ -105,7 +105,9 @@ def plan_layouts(graph: Graph) -> Graph:
         for o in n.outputs:
             if not o or not _is_4d_f32(graph, o):
                 continue
-            if n.name in native or (n.name in flexible and any(
+            # elementwise and data-movement groups write any layout: blocked when a blocked
+            # kernel reads the result (a Concat of branches then needs no transform)
+            if n.name in native or ((n.name in flexible or _writes_any_layout(graph, n)) and any(
                     c.name in native and _data_input(c) == o for c in consumers(o))):
                 blocked.add(o)
     # 2. halos: as wide as the widest padding of a convolution reading the tensor
@@ -144,6 +146,13 @@ def plan_layouts(graph: Graph) -> Graph:
                 graph.replace_input(c, t, new)
     _sync_subgraph_layouts(graph)
     return graph
+
+
+def _writes_any_layout(graph: Graph, node: Node) -> bool:
+    """Injective groups of one 4-d output: the injective kernel stores through the output's layout."""
+    outs = [o for o in node.outputs if o]
+    return node.subgraph is not None and len(outs) == 1 and _is_4d_f32(graph, outs[0]) \
+        and _reads_any_layout(node)
 
 
 def _reads_any_layout(node: Node) -> bool:
