@@ -63,3 +63,19 @@ def test_conv2d_space_is_large_enough_to_tune():
     space = tpl.space(wl)
     assert len(space.valid_indices()) >= 150
     assert "tile_ow" in space.get(0).describe()
+
+
+@pytest.mark.parametrize("C,K", [(24, 40), (116, 116), (16, 24), (58, 58)])
+def test_narrow_channel_blocks_fill_a_vector_with_overlapping_tiles(C, K):
+    """K = 40, 116, 24 give output blocks of 8, 4, 8: tiles of m blocks (m need not divide the
+    blocks; the last tile is shifted back) are correct for every m, and the default fills 16 lanes."""
+    wl = conv_wl(C=C, H=7, W=9, K=K, k=3, s=1, p=1, hin=1, hout=0, residual=True)
+    tpl = template.select(wl)
+    space = tpl.space(wl)
+    kb = choose_block(K)
+    default = tpl.default_config(wl, space)
+    assert default["tile_oc_blocks"] * kb == min(16, K) or K // kb < 16 // kb
+    for m in space.knobs[1].values:
+        cfg = space.from_values(dict(default.values, tile_oc_blocks=m, tile_ow=3))
+        got, want, _, _ = testing.run(wl, tpl, cfg)
+        assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)

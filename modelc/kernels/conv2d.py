@@ -64,15 +64,18 @@ class Conv2d(Template):
         g = _geometry(wl)
         sp = ConfigSpace()
         sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g["OW"]] or [g["OW"]])
+        # m output blocks per tile; when m does not divide the blocks the last tile is shifted back
+        # to end at the last block (as columns are), so narrow blocks (K = 1000, 116, 40 give
+        # blocks of 8, 4, 8) still fill a 16-lane vector
         blocks = g["K"] // g["KB"]
-        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 4) if blocks % m == 0 and m * g["KB"] <= 64])
+        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 4, 8) if m <= blocks and m * g["KB"] <= 64])
         sp.define_knob("tile_oh", [r for r in (1, 2, 4) if r <= g["OH"]])
         sp.define_reorder("reduction_order", ["c", "kh", "kw"],
                           candidates=[["c", "kh", "kw"], ["kh", "kw", "c"]])
         sp.define_annotate("unroll_kw", [False, True])
         kb = g["KB"]
-        sp.constraint = lambda cfg: cfg["tile_ow"] * cfg["tile_oh"] * cfg["tile_oc_blocks"] * \
-            max(kb // 16, 1) <= MAX_TILE_VECTORS
+        sp.constraint = lambda cfg: cfg["tile_ow"] * cfg["tile_oh"] * \
+            -(-cfg["tile_oc_blocks"] * kb // 16) <= MAX_TILE_VECTORS
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
@@ -85,7 +88,9 @@ class Conv2d(Template):
             return (-(-ow // t) * t - ow) / ow
 
         best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - 14), -t))
-        return space.from_values({"tile_ow": best, "tile_oc_blocks": 1, "tile_oh": 1,
+        # at least one full 16-lane vector of output channels per pixel
+        ms = [m for m in space.knobs[1].values if m * g["KB"] <= 16]
+        return space.from_values({"tile_ow": best, "tile_oc_blocks": max(ms), "tile_oh": 1,
                                   "reduction_order": ["c", "kh", "kw"], "unroll_kw": False})
 
     def build(self, wl: Workload, cfg) -> Kernel:
@@ -94,7 +99,8 @@ class Conv2d(Template):
         OWT, m, TOH = cfg["tile_ow"], cfg["tile_oc_blocks"], cfg["tile_oh"]
         KB, cb = g["KB"], g["cb"]
         KT = KB * m
-        KO = g["K"] // KT
+        KBLK = g["K"] // KB
+        KO = -(-KBLK // m)              # tiles; the last starts at block KBLK - m
         CBLK = g["C"] // cb
         OH, OW, KH, KW = g["OH"], g["OW"], g["KH"], g["KW"]
         sh, sw = g["s"]
@@ -119,6 +125,7 @@ class Conv2d(Template):
                 f"    rest = rest // {NR}",
                 f"    ko = rest % {KO}",
                 f"    n = rest // {KO}",
+                f"    ko0 = min(ko * {m}, {KBLK - m})",
                 f"    ow0 = min(t * {OWT}, {OW - OWT})",
                 f"    acc = carray(stack_empty({ACC}, np.float32), {ACC})",
                 f"    for q in range({ACC}):",
@@ -166,7 +173,7 @@ class Conv2d(Template):
                 for blk in range(m):
                     body += [f"    for jj in range({KB}):"]
                     v = f"acc[{(rr * OWT + r) * KT + blk * KB} + jj]"
-                    cblk = f"ko * {m} + {blk}" if m > 1 else "ko"
+                    cblk = f"ko0 + {blk}" if blk else "ko0"
                     chan = (cblk, "jj", KB)
                     if has_bias:
                         v = f"({v} + bias[({cblk}) * {KB} + jj])"
@@ -185,6 +192,8 @@ class Conv2d(Template):
 
         def pack(consts):
             wv = consts[w_arg].astype(np.float32)                       # [K, C, KH, KW]
+            first = [min(t * m, KBLK - m) * KB for t in range(KO)]      # each tile's first channel
+            wv = wv[np.array([f + j for f in first for j in range(KT)])]
             packed = wv.reshape(KO, KT, CBLK, cb, KH, KW).transpose(0, 2, 4, 5, 3, 1)
             res = {"w": np.ascontiguousarray(packed).reshape(-1)}
             if has_bias:
