@@ -61,6 +61,10 @@ def main(argv=None):
         ctor, size = models[name]
         torch.manual_seed(0)
         net = Logits(ctor(weights=None).eval()).eval()
+        with torch.no_grad():              # zero-initialised heads (ViT's) would make every output 0
+            for p in net.parameters():
+                if p.dim() > 1 and not p.any():
+                    torch.nn.init.normal_(p, std=0.02)
         x = torch.randn(1, 3, 16, 112, 112) if size is None else torch.randn(1, 3, size, size)
         for tag, kw in [("ts13", dict(dynamo=False, opset_version=13)), ("dynamo", dict(dynamo=True))]:
             path = os.path.join(args.out, f"{name}_{tag}.onnx")
