@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import modelc  # noqa: E402
-from modelc.compare import TOLERANCE  # noqa: E402
+from modelc.compare import TOLERANCE, alternating_timings  # noqa: E402
 from modelc.errors import ModelcError  # noqa: E402
 
 
@@ -74,18 +74,12 @@ def check(path: str, n_inputs: int, jobs: int, bench: bool) -> dict:
         w0, g0 = np.asarray(want[0]), np.asarray(got[0])
         agree += int(np.argmax(w0.reshape(w0.shape[0], -1), -1).tolist() == np.argmax(g0.reshape(g0.shape[0], -1), -1).tolist())
     res.update(rel_err=rel, top1=f"{agree}/{n_inputs}", ok=rel <= TOLERANCE)
-    if bench:
-        feeds = _inputs(sess, 0)
-        ts_ort, ts_mc = [], []
-        for _ in range(5):
-            for fn, ts in ((lambda: sess.run(None, feeds), ts_ort), (lambda: mod(*feeds.values()), ts_mc)):
-                fn()
-                t = time.perf_counter()
-                for _ in range(5):
-                    fn()
-                ts.append((time.perf_counter() - t) / 5)
-        res["ort_ms"] = 1e3 * float(np.median(ts_ort))
-        res["modelc_ms"] = 1e3 * float(np.median(ts_mc))
+    if bench:           # alternating blocks with pauses: onnxruntime's spinning threads must not
+        feeds = _inputs(sess, 0)        # hold the cores while modelc is timed (and vice versa)
+        ts = alternating_timings({"ort": lambda: sess.run(None, feeds),
+                                  "modelc": lambda: mod(*feeds.values())}, rounds=50)
+        res["ort_ms"] = 1e3 * float(np.median(ts["ort"]))
+        res["modelc_ms"] = 1e3 * float(np.median(ts["modelc"]))
     return res
 
 

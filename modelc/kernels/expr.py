@@ -69,7 +69,10 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None) ->
         "Ceil": lambda: f"np.ceil({a})",
         "Sign": lambda: f"np.sign({a})",
         "Reciprocal": lambda: f"({L(1)} / {a})",
-        "Sigmoid": lambda: f"({L(1)} / ({L(1)} + math.exp(-{a})))",
+        "Sigmoid": lambda: (f"fast_sigmoid32({a})" if dt == np.float32 else
+                            f"({L(1)} / ({L(1)} + math.exp(-{a})))"),
+        "Swish": lambda: (f"({a} * fast_sigmoid32({L(attrs.get('alpha', 1.0))} * {a}))" if dt == np.float32
+                          else f"({a} / ({L(1)} + math.exp(-{L(attrs.get('alpha', 1.0))} * {a})))"),
         "Softplus": lambda: f"(max({a}, {L(0)}) + math.log1p(math.exp(-abs({a}))))",
         "Softsign": lambda: f"({a} / ({L(1)} + abs({a})))",
         "Gelu": lambda: (f"({L(0.5)} * {a} * ({L(1)} + math.tanh({L(math.sqrt(2 / math.pi))} * "
@@ -133,6 +136,28 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None) ->
 
 SUPPORTED = {"Relu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Sin", "Cos", "Floor", "Ceil",
              "Sign", "Reciprocal", "Sigmoid", "Softplus", "Softsign", "Gelu", "LeakyRelu", "Elu",
-             "Selu", "HardSigmoid", "HardSwish", "Mish", "Identity", "Dropout", "Not", "Clip", "Cast",
+             "Selu", "HardSigmoid", "HardSwish", "Swish", "Mish", "Identity", "Dropout", "Not", "Clip", "Cast",
              "Sum", "Add", "Mean", "Max", "Min", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal",
              "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Where"}
+
+
+# numba has no vector exp here (no SVML): a scalar math.exp per element kept SiLU and sigmoid
+# kernels at ~0.5 G elements/s. This one (Cephes' range reduction and polynomial, as the softmax
+# kernels use; relative error ~1e-7) is inlined and vectorises; generated kernels that call it
+# get its definition from `template.source`.
+FAST_SIGMOID = [
+    "from modelc.kernels.reduce import f32_from_bits",
+    "",
+    "@numba.njit(fastmath=True, inline='always')",
+    "def fast_sigmoid32(x):",
+    "    d = min(max(-x, np.float32(-87.0)), np.float32(87.0))",
+    "    t = np.floor(d * np.float32(1.4426950408889634) + np.float32(0.5))",
+    "    r = d - t * np.float32(0.693359375) + t * np.float32(2.12194440e-4)",
+    "    p = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)",
+    "    p = p * r + np.float32(8.3334519073e-3)",
+    "    p = p * r + np.float32(4.1665795894e-2)",
+    "    p = p * r + np.float32(1.6666665459e-1)",
+    "    p = p * r + np.float32(5.0000001201e-1)",
+    "    e = (p * r * r + r + np.float32(1.0)) * f32_from_bits(np.int32(t * np.float32(8388608.0) + np.float32(1065353216.0)))",
+    "    return np.float32(1.0) / (np.float32(1.0) + e)",
+]

@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ModelcError
-from .expr import ctor, emit, lit
+from .expr import FAST_SIGMOID, ctor, emit, lit
 from .layout import offset
 from .space import Config, ConfigSpace
 from .workload import Workload
@@ -79,6 +79,8 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
            extra: list = ()) -> str:
     """A complete kernel module: imports, the typed njit decorator and the body lines."""
     sig = ", ".join(f"{_NB[np.dtype(d).name]}[::1]" for d in dtypes)
+    if any("fast_sigmoid32(" in ln for ln in body):
+        extra = [*extra, *FAST_SIGMOID]
     lines = ["import math", "import numpy as np", "import numba", "from numba import prange, carray",
              "from modelc.kernels.stack import stack_empty", *extra, "",
              # error_model='numpy': x / 0 gives inf as ONNX says, instead of raising (and the

@@ -83,6 +83,8 @@ _unary("ThresholdedRelu", lambda x, alpha=1.0: np.where(x > alpha, x, 0))
 _unary("HardSigmoid", lambda x, alpha=0.2, beta=0.5:
        np.clip(np.float64(alpha) * x + np.float64(beta), 0, 1))
 _unary("HardSwish", lambda x: x * np.clip(x / np.float64(6) + np.float64(0.5), 0, 1))
+_unary("Swish", lambda x, alpha=1.0: np.asarray(x, np.float64) / (
+    1 + np.exp(-np.float64(alpha) * np.asarray(x, np.float64))))      # SiLU at alpha = 1
 _unary("Shrink", lambda x, bias=0.0, lambd=0.5:
        np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0)))
 

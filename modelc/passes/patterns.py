@@ -1,4 +1,8 @@
-"""Recognise decomposed LayerNormalization and Gelu, as exporters before opset 17/20 emit them.
+"""Recognise decomposed LayerNormalization, Gelu, SiLU and HardSwish, as exporters emit them.
+
+x * sigmoid(x) (PyTorch's SiLU before opset 24) and x * hardsigmoid(x) (HardSwish before opset
+14) matter beyond one op saved: x has two readers, so fusion (along single-reader chains) could
+not put the activation into the convolution producing x, and it ran as a pass of its own.
 
 Each match replaces the pattern's last node by the single op; the rest of the pattern is left
 dead for dead-code elimination, which runs next. Matching follows the data from one distinctive
@@ -118,6 +122,21 @@ def _match_gelu(graph: Graph, erf: Node):
         _replace_last(graph, last, "Gelu", [x], {})
 
 
+def _match_gated(graph: Graph, gate: Node):
+    """x * Sigmoid(x) -> Swish(x); x * HardSigmoid(x; 1/6, 1/2) -> HardSwish(x)."""
+    x = gate.inputs[0]
+    mul = only_consumer(graph, gate.outputs[0])
+    if mul is None or mul.op_type != "Mul" or other_input(mul, gate.outputs[0]) != x:
+        return
+    if graph.tensors[mul.outputs[0]].shape != graph.tensors[x].shape:
+        return
+    if gate.op_type == "Sigmoid":
+        _replace_last(graph, mul, "Swish", [x], {"alpha": 1.0})
+    elif math.isclose(gate.attrs.get("alpha", 0.2), 1 / 6, rel_tol=1e-6) and \
+            math.isclose(gate.attrs.get("beta", 0.5), 0.5):
+        _replace_last(graph, mul, "HardSwish", [x], {})
+
+
 def recognise_patterns(graph: Graph) -> Graph:
     for node in graph.topo():
         if node.name not in graph.nx:
@@ -126,4 +145,6 @@ def recognise_patterns(graph: Graph) -> Graph:
             _match_layernorm(graph, node)
         elif node.op_type == "Erf":
             _match_gelu(graph, node)
+        elif node.op_type in ("Sigmoid", "HardSigmoid"):
+            _match_gated(graph, node)
     return graph
