@@ -19,8 +19,9 @@ from . import _prefer_wide_vectors  # noqa: F401  (numba must start with our CPU
 import numba  # noqa: E402
 
 from ..errors import ModelcError  # noqa: E402
+from . import launch  # noqa: E402
 
-_loaded: dict[str, object] = {}
+_loaded: dict[str, object] = {}      # kernel file -> its imported module
 
 
 def cache_root() -> str:
@@ -60,10 +61,10 @@ def _write(path: str, source: str):
     os.replace(tmp, path)
 
 
-def _import(path: str, entry: str):
-    key = f"{path}:{entry}"
-    if key in _loaded:
-        return _loaded[key]
+def _import(path: str):
+    """The module of a kernel file, imported (and so compiled, or read from numba's cache) once."""
+    if path in _loaded:
+        return _loaded[path]
     name = "modelc_kernel_" + os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
@@ -74,19 +75,36 @@ def _import(path: str, entry: str):
         sys.modules.pop(name, None)
         raise ModelcError(f"kernel {os.path.basename(path)} failed to compile: "
                           f"{type(e).__name__}: {str(e)[:2000]}") from e
-    fn = getattr(mod, entry)
-    _loaded[key] = fn
-    return fn
+    _loaded[path] = mod
+    return mod
 
 
-def load(source: str, entry: str = "kernel"):
-    """The compiled function `entry` of generated `source` (compiling it if not cached)."""
+_drivers: dict[int, object] = {}
+
+
+def driver(nwords: int):
+    """The parallel launcher for kernels of `nwords` argument words (compiled once, cached)."""
+    if nwords not in _drivers:
+        path = source_path(launch.driver_source(nwords))
+        _write(path, launch.driver_source(nwords))
+        _drivers[nwords] = _import(path).drive
+    return _drivers[nwords]
+
+
+def _kernel(path: str) -> launch.CompiledKernel:
+    mod = _import(path)
+    return launch.CompiledKernel(mod.kernel, mod.N_ITEMS, mod.PARALLEL, mod.DTYPES,
+                                 driver(2 * len(mod.DTYPES)))
+
+
+def load(source: str) -> launch.CompiledKernel:
+    """The compiled kernel of generated `source` (compiling it if not cached)."""
     path = source_path(source)
     _write(path, source)
-    return _import(path, entry)
+    return _kernel(path)
 
 
-def _compile_in_subprocesses(paths: list, entry: str, jobs: int, progress=None, timeout=None):
+def _compile_in_subprocesses(paths: list, jobs: int, progress=None, timeout=None):
     """Compile kernel files in `jobs` fresh interpreters (no fork of a process with threads)."""
     chunks = [paths[k::jobs] for k in range(jobs)]
     procs = []
@@ -95,8 +113,8 @@ def _compile_in_subprocesses(paths: list, entry: str, jobs: int, progress=None, 
             continue
         code = ("import sys\nfrom modelc.kernels.cache import _import\n"
                 "for p in sys.argv[1:]:\n"
-                "    try:\n        _import(p, %r)\n    except Exception:\n        pass\n"
-                "    print(p, flush=True)\n" % entry)
+                "    try:\n        _import(p)\n    except Exception:\n        pass\n"
+                "    print(p, flush=True)\n")
         procs.append(subprocess.Popen([sys.executable, "-c", code, *chunk], stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, text=True))
     for proc in procs:
@@ -106,8 +124,7 @@ def _compile_in_subprocesses(paths: list, entry: str, jobs: int, progress=None, 
         proc.wait(timeout=timeout)
 
 
-def compile_all(sources: list[str], entry: str = "kernel", jobs: int | None = None,
-                progress=None) -> list:
+def compile_all(sources: list[str], jobs: int | None = None, progress=None) -> list:
     """Load many kernels, compiling the cold ones in parallel worker processes first.
 
     Errors are not reported by the workers: a kernel that failed there is compiled again here,
@@ -116,8 +133,8 @@ def compile_all(sources: list[str], entry: str = "kernel", jobs: int | None = No
     paths = [source_path(s) for s in sources]
     for p, s in zip(paths, sources):
         _write(p, s)
-    cold = sorted({p for p in paths if not is_compiled(p) and f"{p}:{entry}" not in _loaded})
+    cold = sorted({p for p in paths if not is_compiled(p) and p not in _loaded})
     jobs = min(jobs or os.cpu_count() or 1, len(cold))
     if len(cold) > 1 and jobs > 1:
-        _compile_in_subprocesses(cold, entry, jobs, progress)
-    return [_import(p, entry) for p in paths]
+        _compile_in_subprocesses(cold, jobs, progress)
+    return [_kernel(p) for p in paths]

@@ -8,6 +8,7 @@ re-laid out for the kernel).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -77,19 +78,51 @@ def get(name: str) -> Template:
 
 def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath: bool = True,
            extra: list = ()) -> str:
-    """A complete kernel module: imports, the typed njit decorator and the body lines."""
-    sig = ", ".join(f"{_NB[np.dtype(d).name]}[::1]" for d in dtypes)
+    """A complete kernel module: a serial `kernel` over items [lo, hi) of the body's parallel loops.
+
+    Templates write the body as numba code over 1-d arrays named by `args`, with their parallel
+    work as top-level `for i in prange(N):` loops (N a literal). The loops become one range of
+    items, N1 + N2 + ...; a `cfunc` computes a contiguous part of it and the launcher's driver
+    spreads the parts over the threads (launch.py says why). A body with no such loop is one item.
+    """
+    lines, total = _chunked(body)
+    params = ", ".join(f"p{k}, n{k}" for k in range(len(args)))
+    sig = ", ".join(f"types.CPointer(types.{_NB[np.dtype(d).name]}), types.intp" for d in dtypes)
     if any("fast_sigmoid32(" in ln for ln in body):
         extra = [*extra, *FAST_SIGMOID]
-    lines = ["import math", "import numpy as np", "import numba", "from numba import prange, carray",
-             "from modelc.kernels.stack import stack_empty", *extra, "",
-             # error_model='numpy': x / 0 gives inf as ONNX says, instead of raising (and the
-             # zero check numba's default inserts would also stop the loop from vectorising)
-             f"@numba.njit('void({sig})', parallel={parallel}, fastmath={fastmath}, cache=True, "
-             "boundscheck=False, nogil=True, error_model='numpy')",
-             f"def kernel({', '.join(args)}):"]
-    lines += ["    " + ln for ln in body]
-    return "\n".join(lines) + "\n"
+    out = ["import math", "import numpy as np", "import numba", "from numba import carray, prange, types",
+           "from modelc.kernels.stack import stack_empty", *extra, "",
+           f"N_ITEMS = {total}",
+           f"PARALLEL = {bool(parallel)}",
+           f"DTYPES = {tuple(np.dtype(d).name for d in dtypes)!r}",
+           "",
+           # error_model='numpy': x / 0 gives inf as ONNX says, instead of raising (and the
+           # zero check numba's default inserts would also stop the loop from vectorising)
+           f"@numba.cfunc(types.void({sig}, types.intp, types.intp), fastmath={fastmath}, "
+           "cache=True, boundscheck=False, error_model='numpy')",
+           f"def kernel({params}, lo, hi):"]
+    out += [f"    {a} = carray(p{k}, n{k})" for k, a in enumerate(args)]
+    out += ["    " + ln for ln in lines]
+    return "\n".join(out) + "\n"
+
+
+def _chunked(body: list) -> tuple[list, int]:
+    """`body` with its top-level `for v in prange(N):` loops restricted to items [lo, hi)."""
+    loops = [(k, m) for k, ln in enumerate(body) if (m := _PRANGE.fullmatch(ln))]
+    if not loops:
+        return ["if lo < hi:"] + ["    " + ln for ln in body], 1
+    out, start = list(body), 0
+    for k, m in loops:
+        var, n = m.group(1), int(m.group(2))
+        if len(loops) == 1:
+            out[k] = f"for {var} in range(lo, hi):"
+        else:
+            out[k] = f"for {var} in range(max(lo, {start}) - {start}, min(hi, {start + n}) - {start}):"
+        start += n
+    return out, start
+
+
+_PRANGE = re.compile(r"for (\w+) in prange\((\d+)\):")
 
 
 def broadcast_index(shape, out_shape, out_idx: list) -> list:

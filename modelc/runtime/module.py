@@ -7,6 +7,7 @@ the templates and loaded from the kernel cache, so `save` writes only data (JSON
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -98,7 +99,8 @@ class Module:
                     args.append(buf(s["inputs"][int(a[2:])]))
                 else:
                     args.append(np.require(packed[a], requirements=["C", "W"]))
-            self._calls.append((fn, tuple(args)))
+            # a generated kernel is bound to its buffers once; a fallback is a Python function
+            self._calls.append(fn.bind(args) if k.source is not None else functools.partial(fn, *args))
             self.step_names.append(s["pattern"])
         self._in = [(i["name"], tuple(i["shape"]), np.dtype(i["dtype"]), buf(i["name"]))
                     for i in self.input_specs]
@@ -121,8 +123,8 @@ class Module:
             if x.dtype != dtype:
                 raise InputError(f"input {name!r} has dtype {x.dtype}, expected {dtype}")
             np.copyto(buf.reshape(shape), x)
-        for fn, args in self._calls:
-            fn(*args)
+        for call in self._calls:
+            call()
         out = {}
         for name, shape, spec in self._out:
             t = self._tensors[name]
@@ -162,9 +164,9 @@ class Module:
         """Median milliseconds of each kernel, in run order: where the time goes."""
         times = [[] for _ in self._calls]
         for _ in range(repeat):
-            for k, (fn, args) in enumerate(self._calls):
+            for k, call in enumerate(self._calls):
                 t0 = time.perf_counter()
-                fn(*args)
+                call()
                 times[k].append((time.perf_counter() - t0) * 1e3)
         return [(name, statistics.median(ts)) for name, ts in zip(self.step_names, times)]
 

@@ -1,0 +1,107 @@
+"""Launching kernels: each kernel is a serial function over a range of its parallel loop's items,
+and one small parallel driver per argument count splits that range across the threads.
+
+Why: `njit(parallel=True)` runs numba's parfor passes and compiles a gufunc for every kernel,
+which made a parallel kernel 2-4x slower to compile than the same loop written serially
+(shared/PERFORMANCE.md; measured again on ResNet-18's convolutions: 4.6-5.5 s against 2.0 s).
+Tuning is compile-bound, so kernels are now `cfunc`s `kernel(p0, n0, p1, n1, ..., lo, hi)` (a data
+pointer and an element count per array, then the items [lo, hi) to compute), and the driver -
+compiled once per argument count and cached on disk like any kernel - calls them through their
+address, one contiguous chunk per thread, as numba's own static schedule would. The arrays arrive
+as real function arguments, not pointers read from a table: LLVM then knows that they cannot alias
+the kernel's stack tile, and keeps the tile in registers (read from a table, the same conv ran 3x
+slower: its accumulators went to memory behind a runtime alias check).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def call_chunk(typingctx, addr, table, nargs, lo, hi):
+    """Call the cfunc at `addr` with `nargs` 64-bit words from `table`, then `lo` and `hi`.
+
+    Pointers and intp counts travel in the same 64-bit integer registers, so the words are passed
+    as i64 and the cfunc reads the pointers it declared.
+    """
+    if not isinstance(nargs, types.IntegerLiteral) or not isinstance(table, types.Array):
+        return None
+    n = nargs.literal_value
+
+    def codegen(context, builder, sig, args):
+        a, t, _, low, high = args
+        i64 = ir.IntType(64)
+        data = context.make_array(sig.args[1])(context, builder, t).data
+        words = [builder.load(builder.gep(data, [ir.Constant(i64, k)])) for k in range(n)]
+        fnty = ir.FunctionType(ir.VoidType(), [i64] * (n + 2))
+        builder.call(builder.inttoptr(a, fnty.as_pointer()), words + [low, high])
+        return context.get_dummy_value()
+
+    return types.void(types.intp, table, nargs, types.intp, types.intp), codegen
+
+
+def driver_source(nwords: int) -> str:
+    """The driver for kernels taking `nwords` words: chunk c of `nchunks` gets items
+    [c*n//nchunks, (c+1)*n//nchunks); one chunk is called directly, without starting threads."""
+    return "\n".join([
+        "import numba",
+        "from numba import prange",
+        "from modelc.kernels.launch import call_chunk",
+        "",
+        "@numba.njit('void(intp, intp[::1], intp, intp)', parallel=True, cache=True, nogil=True)",
+        "def drive(addr, table, n, nchunks):",
+        "    if nchunks <= 1:",
+        f"        call_chunk(addr, table, {nwords}, 0, n)",
+        "    else:",
+        "        for c in prange(nchunks):",
+        f"            call_chunk(addr, table, {nwords}, c * n // nchunks, (c + 1) * n // nchunks)",
+        ""])
+
+
+class CompiledKernel:
+    """A compiled kernel: call it with its argument arrays, or `bind` them once for repeated runs."""
+
+    def __init__(self, cfunc, n_items: int, parallel: bool, dtypes: tuple, drive):
+        self.cfunc = cfunc
+        self.address = cfunc.address
+        self.n_items = n_items
+        self.parallel = parallel
+        self.dtypes = tuple(np.dtype(d) for d in dtypes)
+        self.nargs = len(self.dtypes)
+        self._drive = drive
+
+    def bind(self, arrays) -> "BoundKernel":
+        return BoundKernel(self, arrays)
+
+    def __call__(self, *arrays):
+        self.bind(arrays)()
+
+
+class BoundKernel:
+    """A kernel with its arrays fixed: calling it runs the kernel with no per-call preparation.
+
+    It holds the arrays, so their memory stays valid for as long as the kernel can be called.
+    """
+
+    def __init__(self, kernel: CompiledKernel, arrays):
+        import numba
+        arrays = tuple(arrays)
+        if len(arrays) != kernel.nargs:
+            raise TypeError(f"kernel takes {kernel.nargs} arrays, got {len(arrays)}")
+        for k, (a, dt) in enumerate(zip(arrays, kernel.dtypes)):
+            if not (isinstance(a, np.ndarray) and a.flags.c_contiguous and a.flags.writeable
+                    and a.dtype == dt):
+                raise TypeError(f"kernel argument {k} must be a writable C-contiguous {dt} array, "
+                                f"got {type(a).__name__} {getattr(a, 'dtype', '')}")
+        self.arrays = arrays
+        self.table = np.array([v for a in arrays for v in (a.ctypes.data, a.size)], np.intp)
+        self.nchunks = min(numba.get_num_threads(), kernel.n_items) if kernel.parallel else 1
+        self.kernel = kernel
+        self._args = (kernel.address, self.table, kernel.n_items, self.nchunks)
+        self._drive = kernel._drive
+
+    def __call__(self):
+        self._drive(*self._args)
