@@ -93,7 +93,7 @@ def driver(nwords: int):
 
 def _kernel(path: str) -> launch.CompiledKernel:
     mod = _import(path)
-    return launch.CompiledKernel(mod.kernel, mod.N_ITEMS, mod.PARALLEL, mod.DTYPES,
+    return launch.CompiledKernel(mod.kernel, mod.N_ITEMS, mod.PARALLEL, mod.DTYPES, mod.OUTPUTS,
                                  driver(2 * len(mod.DTYPES)))
 
 

@@ -140,13 +140,13 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
     shift = M % MR != 0
     ragged_n = N % NR != 0
 
-    body = []
+    body, views = [], {}
     if not flat:
-        body.append(f"A = {g.a}.reshape(({BA}, {M}, {K}))")
+        views["A"] = (g.a, (BA, M, K))
         if g.b_packed:
-            body.append(f"B = {g.b}.reshape(({NT}, {K}, {NR}))")
+            views["B"] = (g.b, (NT, K, NR))
         elif not pack:
-            body.append(f"B = {g.b}.reshape(({BB}, {K}, {N}))")
+            views["B"] = (g.b, (BB, K, N))
     total = BATCH * MG * NT
     body.append(f"for it in prange({total}):")
     ind = "    "
@@ -265,8 +265,8 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
         body += store(wl, g, ind + "    ", MR, NR, shift, ragged_n, "ga + ")
     if any("math.erf(" in ln for ln in body):
         body = [ln.replace("math.erf(", "fast_erf(") for ln in body]
-        return source(args, dtypes, body, extra=FAST_ERF)
-    return source(args, dtypes, body)
+        return source(args, dtypes, body, extra=FAST_ERF, views=views)
+    return source(args, dtypes, body, views=views)
 
 
 def _store(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bool, ragged_n: bool,

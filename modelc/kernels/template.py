@@ -77,31 +77,39 @@ def get(name: str) -> Template:
 # ---- source helpers shared by the templates ---------------------------------------------------
 
 def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath: bool = True,
-           extra: list = ()) -> str:
+           extra: list = (), views: dict | None = None) -> str:
     """A complete kernel module: a serial `kernel` over items [lo, hi) of the body's parallel loops.
 
     Templates write the body as numba code over 1-d arrays named by `args`, with their parallel
     work as top-level `for i in prange(N):` loops (N a literal). The loops become one range of
     items, N1 + N2 + ...; a `cfunc` computes a contiguous part of it and the launcher's driver
     spreads the parts over the threads (launch.py says why). A body with no such loop is one item.
+    `views` ({name: (arg, shape)}) are n-d arrays over an argument's memory. They are made from the
+    argument's pointer, not by `arg.reshape`: numba's reshape leaves shape, strides and data in
+    memory LLVM cannot see through, so a GEMM's accumulators were spilled and the kernel ran 4x
+    slower.
     """
     lines, total = _chunked(body)
-    params = ", ".join(f"p{k}, n{k}" for k in range(len(args)))
+    params = ", ".join(f"ptr__{k}, len__{k}" for k in range(len(args)))
     sig = ", ".join(f"types.CPointer(types.{_NB[np.dtype(d).name]}), types.intp" for d in dtypes)
     if any("fast_sigmoid32(" in ln for ln in body):
         extra = [*extra, *FAST_SIGMOID]
     out = ["import math", "import numpy as np", "import numba", "from numba import carray, prange, types",
+           "from modelc.kernels.launch import NoAliasCompiler",
            "from modelc.kernels.stack import stack_empty", *extra, "",
            f"N_ITEMS = {total}",
            f"PARALLEL = {bool(parallel)}",
            f"DTYPES = {tuple(np.dtype(d).name for d in dtypes)!r}",
+           f"OUTPUTS = {tuple(k for k, a in enumerate(args) if a.startswith('out'))!r}",
            "",
            # error_model='numpy': x / 0 gives inf as ONNX says, instead of raising (and the
            # zero check numba's default inserts would also stop the loop from vectorising)
            f"@numba.cfunc(types.void({sig}, types.intp, types.intp), fastmath={fastmath}, "
-           "cache=True, boundscheck=False, error_model='numpy')",
+           "cache=True, boundscheck=False, error_model='numpy', pipeline_class=NoAliasCompiler)",
            f"def kernel({params}, lo, hi):"]
-    out += [f"    {a} = carray(p{k}, n{k})" for k, a in enumerate(args)]
+    out += [f"    {a} = carray(ptr__{k}, len__{k})" for k, a in enumerate(args)]
+    out += [f"    {name} = carray(ptr__{args.index(a)}, {tuple(shape)!r})"
+            for name, (a, shape) in (views or {}).items()]
     out += ["    " + ln for ln in lines]
     return "\n".join(out) + "\n"
 
