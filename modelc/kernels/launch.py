@@ -88,8 +88,8 @@ class CompiledKernel:
         self.outputs = tuple(outputs)            # positions of the arrays the kernel writes
         self._drive = drive
 
-    def bind(self, arrays) -> "BoundKernel":
-        return BoundKernel(self, arrays)
+    def bind(self, arrays, nchunks: int | None = None) -> "BoundKernel":
+        return BoundKernel(self, arrays, nchunks)
 
     def __call__(self, *arrays):
         self.bind(arrays)()
@@ -101,7 +101,7 @@ class BoundKernel:
     It holds the arrays, so their memory stays valid for as long as the kernel can be called.
     """
 
-    def __init__(self, kernel: CompiledKernel, arrays):
+    def __init__(self, kernel: CompiledKernel, arrays, nchunks: int | None = None):
         import numba
         arrays = tuple(arrays)
         if len(arrays) != kernel.nargs:
@@ -116,7 +116,9 @@ class BoundKernel:
                 raise ValueError(f"kernel output {k} overlaps another of its arrays")
         self.arrays = arrays
         self.table = np.array([v for a in arrays for v in (a.ctypes.data, a.size)], np.intp)
-        self.nchunks = min(numba.get_num_threads(), kernel.n_items) if kernel.parallel else 1
+        if nchunks is None:             # one chunk per thread, as numba's static schedule
+            nchunks = numba.get_num_threads() if kernel.parallel else 1
+        self.nchunks = max(1, min(nchunks, kernel.n_items))
         self.kernel = kernel
         self._args = (kernel.address, self.table, kernel.n_items, self.nchunks)
         self._drive = kernel._drive

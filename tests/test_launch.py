@@ -1,0 +1,60 @@
+"""Kernels as serial chunks launched by a parallel driver: every item computed once, whatever the
+split; bodies with several parallel loops or none; arguments checked before any pointer is used."""
+import numpy as np
+import pytest
+
+from modelc.kernels import cache
+from modelc.kernels.template import source
+
+TWO_LOOPS = ["for i in prange(7):",
+             "    out0[i] = in0[i] * np.float32(2.0)",
+             "for j in prange(3):",
+             "    out1[j] = out1[j] + in0[j] + np.float32(1.0)"]   # += shows an item run twice
+
+
+@pytest.mark.parametrize("nchunks", [1, 2, 3, 10, 64])
+def test_every_item_of_every_loop_runs_once(nchunks):
+    fn = cache.load(source(["out0", "out1", "in0"], [np.float32] * 3, TWO_LOOPS))
+    assert fn.n_items == 10 and fn.outputs == (0, 1)
+    x = np.arange(7, dtype=np.float32)
+    out0, out1 = np.zeros(7, np.float32), np.zeros(3, np.float32)
+    call = fn.bind([out0, out1, x], nchunks=nchunks)
+    assert call.nchunks == min(nchunks, 10)
+    call()
+    np.testing.assert_array_equal(out0, 2 * x)
+    np.testing.assert_array_equal(out1, x[:3] + 1)
+
+
+def test_body_without_parallel_loop_is_one_item():
+    fn = cache.load(source(["out0", "in0"], [np.int64] * 2, ["out0[0] = out0[0] + in0[0] + 1"]))
+    out, x = np.zeros(1, np.int64), np.array([41], np.int64)
+    fn.bind([out, x], nchunks=4)()
+    assert fn.n_items == 1 and out[0] == 42
+
+
+def test_views_read_the_argument_memory_as_nd_arrays():
+    body = ["for i in prange(2):", "    for j in range(3):", "        out0[i * 3 + j] = X[i, j] + X[1 - i, j]"]
+    fn = cache.load(source(["out0", "in0"], [np.float32] * 2, body, views={"X": ("in0", (2, 3))}))
+    x = np.arange(6, dtype=np.float32)
+    out = np.zeros(6, np.float32)
+    fn(out, x)
+    np.testing.assert_array_equal(out, (x.reshape(2, 3) + x.reshape(2, 3)[::-1]).reshape(-1))
+
+
+def test_arguments_are_checked_before_the_kernel_sees_a_pointer():
+    fn = cache.load(source(["out0", "out1", "in0"], [np.float32] * 3, TWO_LOOPS))
+    x = np.zeros(7, np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        fn(np.zeros(7, np.float64), np.zeros(3, np.float32), x)
+    with pytest.raises(TypeError, match="takes 3"):
+        fn(np.zeros(7, np.float32), x)
+    with pytest.raises(ValueError, match="overlaps"):
+        fn(x, np.zeros(3, np.float32), x)                 # output 0 is also the input
+    with pytest.raises(TypeError, match="C-contiguous"):
+        fn(np.zeros(14, np.float32)[::2], np.zeros(3, np.float32), x)
+
+
+def test_compiled_kernels_are_cached_on_disk():
+    src = source(["out0", "in0"], [np.float32] * 2, ["for i in prange(4):", "    out0[i] = in0[i] + np.float32(3.0)"])
+    cache.load(src)
+    assert cache.is_compiled(cache.source_path(src))
