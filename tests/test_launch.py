@@ -25,6 +25,20 @@ def test_every_item_of_every_loop_runs_once(nchunks):
     np.testing.assert_array_equal(out1, x[:3] + 1)
 
 
+def test_default_split_is_one_chunk_per_thread_when_bound():
+    import numba
+    fn = cache.load(source(["out0", "out1", "in0"], [np.float32] * 3, TWO_LOOPS))
+    args = [np.zeros(7, np.float32), np.zeros(3, np.float32), np.zeros(7, np.float32)]
+    old = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        assert fn.bind(args).nchunks == 1
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        assert fn.bind(args).nchunks == min(numba.config.NUMBA_NUM_THREADS, 10)
+    finally:
+        numba.set_num_threads(old)
+
+
 def test_body_without_parallel_loop_is_one_item():
     fn = cache.load(source(["out0", "in0"], [np.int64] * 2, ["out0[0] = out0[0] + in0[0] + 1"]))
     out, x = np.zeros(1, np.int64), np.array([41], np.int64)

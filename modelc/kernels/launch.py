@@ -116,7 +116,10 @@ class BoundKernel:
                 raise ValueError(f"kernel output {k} overlaps another of its arrays")
         self.arrays = arrays
         self.table = np.array([v for a in arrays for v in (a.ctypes.data, a.size)], np.intp)
-        if nchunks is None:             # one chunk per thread, as numba's static schedule
+        if nchunks is None:
+            # one chunk per thread, as numba's static schedule; the thread count is read here, as
+            # onnxruntime fixes its threads when a session is made (`numba.set_num_threads`
+            # before `compile` or `bind`)
             nchunks = numba.get_num_threads() if kernel.parallel else 1
         self.nchunks = max(1, min(nchunks, kernel.n_items))
         self.kernel = kernel
