@@ -91,6 +91,13 @@ def driver(nwords: int):
     return _drivers[nwords]
 
 
+def sequence_runner():
+    """The native loop that runs a module's kernels one after another (compiled once, cached)."""
+    path = source_path(launch.SEQUENCE_SOURCE)
+    _write(path, launch.SEQUENCE_SOURCE)
+    return _import(path).run_sequence
+
+
 def _kernel(path: str) -> launch.CompiledKernel:
     mod = _import(path)
     return launch.CompiledKernel(mod.kernel, mod.N_ITEMS, mod.PARALLEL, mod.DTYPES, mod.OUTPUTS,

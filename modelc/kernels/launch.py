@@ -128,3 +128,73 @@ class BoundKernel:
 
     def __call__(self):
         self._drive(*self._args)
+
+
+MAX_WORDS = 64          # kernels of at most 32 arrays run inside a sequence; larger ones alone
+
+
+@intrinsic
+def call_chunk_words(typingctx, addr, table, start, nwords, lo, hi):
+    """Like `call_chunk`, for a word count known only at run time: a switch over the even counts
+    up to MAX_WORDS, each case a call of that arity (a count out of range calls nothing)."""
+    if not isinstance(table, types.Array):
+        return None
+
+    def codegen(context, builder, sig, args):
+        a, t, first, nw, low, high = args
+        i64 = ir.IntType(64)
+        data = context.make_array(sig.args[1])(context, builder, t).data
+        end = builder.append_basic_block("sequence.call.end")
+        switch = builder.switch(nw, end)
+        for n in range(2, MAX_WORDS + 1, 2):
+            block = builder.append_basic_block(f"sequence.call.{n}")
+            switch.add_case(ir.Constant(i64, n), block)
+            builder.position_at_end(block)
+            words = [builder.load(builder.gep(data, [builder.add(first, ir.Constant(i64, k))]))
+                     for k in range(n)]
+            fnty = ir.FunctionType(ir.VoidType(), [i64] * (n + 2))
+            builder.call(builder.inttoptr(a, fnty.as_pointer()), words + [low, high])
+            builder.branch(end)
+        builder.position_at_end(end)
+        return context.get_dummy_value()
+
+    return types.void(types.intp, table, types.intp, types.intp, types.intp, types.intp), codegen
+
+
+SEQUENCE_SOURCE = "\n".join([
+    "import numba",
+    "from numba import prange",
+    "from modelc.kernels.launch import call_chunk_words",
+    "",
+    "@numba.njit('void(intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], intp[::1])',",
+    "            parallel=True, cache=True, nogil=True)",
+    "def run_sequence(addrs, words, starts, nwords, items, chunks):",
+    "    for k in range(addrs.size):",
+    "        n = items[k]",
+    "        nc = chunks[k]",
+    "        if nc <= 1:",
+    "            call_chunk_words(addrs[k], words, starts[k], nwords[k], 0, n)",
+    "        else:",
+    "            for c in prange(nc):",
+    "                call_chunk_words(addrs[k], words, starts[k], nwords[k], c * n // nc, (c + 1) * n // nc)",
+    ""])
+
+
+class Sequence:
+    """Bound kernels run one after another by one native call: a module's run then costs one
+    Python call per stretch of generated kernels, not one per kernel (each of which also had to
+    type-check its arguments)."""
+
+    def __init__(self, calls: list, run_sequence):
+        self.calls = list(calls)            # BoundKernels; they keep the arrays alive
+        self.addrs = np.array([c.kernel.address for c in calls], np.intp)
+        self.nwords = np.array([c.table.size for c in calls], np.intp)
+        self.starts = np.concatenate([[0], np.cumsum(self.nwords)[:-1]]).astype(np.intp)
+        self.words = np.concatenate([c.table for c in calls]).astype(np.intp)
+        self.items = np.array([c.kernel.n_items for c in calls], np.intp)
+        self.chunks = np.array([c.nchunks for c in calls], np.intp)
+        self._args = (self.addrs, self.words, self.starts, self.nwords, self.items, self.chunks)
+        self._run = run_sequence
+
+    def __call__(self):
+        self._run(*self._args)

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import InputError, ModelcError
-from ..kernels import cache
+from ..kernels import cache, launch
 from ..kernels import templates as _templates  # noqa: F401  (registers the templates)
 from ..kernels.layout import from_physical, physical_size, same_as_plain, to_physical
 from ..kernels.template import get as get_template
@@ -38,6 +38,27 @@ def _is_view(step: dict, tensors: dict) -> bool:
     if src.get("const") or src["dtype"] != dst["dtype"]:
         return False
     return same_as_plain(src["shape"], src["layout"]) and same_as_plain(dst["shape"], dst["layout"])
+
+
+def _sequences(calls: list) -> list:
+    """The calls with each stretch of two or more generated kernels run as one native call."""
+    out, run = [], []
+
+    def flush():
+        if len(run) > 1:
+            out.append(launch.Sequence(run, cache.sequence_runner()))
+        else:
+            out.extend(run)
+        run.clear()
+
+    for c in calls:
+        if isinstance(c, launch.BoundKernel) and c.table.size <= launch.MAX_WORDS:
+            run.append(c)
+        else:
+            flush()
+            out.append(c)
+    flush()
+    return out
 
 
 class Module:
@@ -102,6 +123,7 @@ class Module:
             # a generated kernel is bound to its buffers once; a fallback is a Python function
             self._calls.append(fn.bind(args) if k.source is not None else functools.partial(fn, *args))
             self.step_names.append(s["pattern"])
+        self._program = _sequences(self._calls)
         self._in = [(i["name"], tuple(i["shape"]), np.dtype(i["dtype"]), buf(i["name"]))
                     for i in self.input_specs]
         self._out = [(o["name"], tuple(o["shape"]), o) for o in self.output_specs]
@@ -123,7 +145,7 @@ class Module:
             if x.dtype != dtype:
                 raise InputError(f"input {name!r} has dtype {x.dtype}, expected {dtype}")
             np.copyto(buf.reshape(shape), x)
-        for call in self._calls:
+        for call in self._program:
             call()
         out = {}
         for name, shape, spec in self._out:
