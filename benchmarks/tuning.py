@@ -100,10 +100,16 @@ def main(argv=None):
     rnd = search(conv, "random", 200, os.path.join(args.out, "conv_random.jsonl"), target)
     xgb = search(conv, "xgb", 200, os.path.join(args.out, "conv_xgb.jsonl"), target, stop_at=rnd[-1])
     match = next((i + 1 for i, c in enumerate(xgb) if c <= rnd[-1]), None)
+    # timings of one config vary by about 1% between measurements here: a best within 1% of
+    # random's is the same kernel speed
+    near = next((i + 1 for i, c in enumerate(xgb) if c <= rnd[-1] * 1.01), None)
+
+    def trials(n):
+        return n if n else f"more than {len(xgb)}"
 
     print(f"conv task '{conv.desc}' ({len(conv.space)} configs): random best of {len(rnd)} = "
-          f"{rnd[-1] * 1e3:.4f} ms; xgb matched it after {match if match else 'more than ' + str(len(xgb))} "
-          f"trials (target <= 100)")
+          f"{rnd[-1] * 1e3:.4f} ms; xgb matched it after {trials(match)} trials (target <= 100), came within "
+          f"1% after {trials(near)}; xgb best {xgb[-1] * 1e3:.4f} ms after {len(xgb)}")
 
 
 if __name__ == "__main__":
