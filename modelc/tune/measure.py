@@ -75,6 +75,7 @@ class MeasureOptions:
     run_timeout: float = 30.0
     n_parallel: int = 0               # builders; 0 = one per core
     tolerance: float = 1e-4
+    cache_flush: bool = True          # evict a kernel's weights before each timed call (cache_flush.py)
 
 
 class Measurer:
@@ -109,7 +110,8 @@ class Measurer:
                 res = {"error": R.BUILD_TIMEOUT, "msg": f"no answer within {self.opt.build_timeout} s"}
             elif res["error"] == R.NO_ERROR:
                 run = dict(req, op="run", number=self.opt.number, repeat=self.opt.repeat,
-                           min_repeat_ms=self.opt.min_repeat_ms, tolerance=self.opt.tolerance)
+                           min_repeat_ms=self.opt.min_repeat_ms, tolerance=self.opt.tolerance,
+                           cache_flush=self.opt.cache_flush)
                 res = self.runner.call(run, self.opt.run_timeout) or {
                     "error": R.RUN_TIMEOUT, "msg": f"no answer within {self.opt.run_timeout} s"}
             out.append(R.Record(task.key, task.desc, task.template.name, req["config"],

@@ -16,6 +16,7 @@ def _handle(req: dict, refs: dict) -> dict:
     from ..kernels import cache, testing
     from ..kernels.template import get
     from ..kernels.workload import Workload
+    from . import cache_flush
     from . import records as R
 
     wl = Workload(req["workload"])
@@ -43,8 +44,13 @@ def _handle(req: dict, refs: dict) -> dict:
         if not err <= req.get("tolerance", 1e-4):
             return {"error": R.WRONG_RESULT, "msg": f"max error {err:.3g} relative to the output scale"}
         time.sleep(0.05)        # let threads of whatever ran before (builds, numpy) go idle
+        flush = []
+        if req.get("cache_flush") and cache_flush.supported():    # weights cold, as in a module
+            flush = [a for name, a in zip(kernel.args, args)
+                     if not name.startswith(("in", "out")) or
+                     (name.startswith("in") and wl.inputs[int(name[2:])].const)]
         costs = testing.time_kernel(fn, args, req.get("number", 5), req.get("repeat", 3),
-                                    req.get("min_repeat_ms", 0.0))
+                                    req.get("min_repeat_ms", 0.0), flush=flush)
     except Exception as e:
         return {"error": R.RUNTIME_ERROR, "msg": f"{type(e).__name__}: {e}"[:500]}
     return {"error": R.NO_ERROR, "costs": costs}
