@@ -82,33 +82,33 @@ def _import(path: str):
 _drivers: dict[int, object] = {}
 
 
+def _module(source: str):
+    """The imported module of generated `source`, written to the cache first."""
+    path = source_path(source)
+    _write(path, source)
+    return _import(path)
+
+
 def driver(nwords: int):
     """The parallel launcher for kernels of `nwords` argument words (compiled once, cached)."""
     if nwords not in _drivers:
-        path = source_path(launch.driver_source(nwords))
-        _write(path, launch.driver_source(nwords))
-        _drivers[nwords] = _import(path).drive
+        _drivers[nwords] = _module(launch.driver_source(nwords)).drive
     return _drivers[nwords]
 
 
 def sequence_runner():
     """The native loop that runs a module's kernels one after another (compiled once, cached)."""
-    path = source_path(launch.SEQUENCE_SOURCE)
-    _write(path, launch.SEQUENCE_SOURCE)
-    return _import(path).run_sequence
+    return _module(launch.SEQUENCE_SOURCE).run_sequence
 
 
-def _kernel(path: str) -> launch.CompiledKernel:
-    mod = _import(path)
+def _kernel(mod) -> launch.CompiledKernel:
     return launch.CompiledKernel(mod.kernel, mod.N_ITEMS, mod.PARALLEL, mod.DTYPES, mod.OUTPUTS,
                                  driver(2 * len(mod.DTYPES)))
 
 
 def load(source: str) -> launch.CompiledKernel:
     """The compiled kernel of generated `source` (compiling it if not cached)."""
-    path = source_path(source)
-    _write(path, source)
-    return _kernel(path)
+    return _kernel(_module(source))
 
 
 def _compile_in_subprocesses(paths: list, jobs: int, progress=None, timeout=None):
@@ -144,4 +144,4 @@ def compile_all(sources: list[str], jobs: int | None = None, progress=None) -> l
     jobs = min(jobs or os.cpu_count() or 1, len(cold))
     if len(cold) > 1 and jobs > 1:
         _compile_in_subprocesses(cold, jobs, progress)
-    return [_kernel(p) for p in paths]
+    return [_kernel(_import(p)) for p in paths]
