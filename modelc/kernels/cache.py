@@ -35,11 +35,25 @@ def kernel_dir() -> str:
 
 
 def target_tag() -> str:
-    """What compiled code depends on besides its source."""
-    import llvmlite.binding as llvm
-    cpu = numba.config.CPU_NAME or llvm.get_host_cpu_name()
-    features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
-    return f"numba {numba.__version__} py{sys.version_info[0]}{sys.version_info[1]} {cpu} {features}"
+    """What compiled code depends on besides its source: numba, the CPU, and the modelc modules
+    whose native helpers generated code imports (numba's cache does not notice when a called
+    function changes, so a changed launcher would otherwise be served stale)."""
+    global _TAG
+    if _TAG is None:
+        import llvmlite.binding as llvm
+        cpu = numba.config.CPU_NAME or llvm.get_host_cpu_name()
+        features = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+        helpers = hashlib.sha256()
+        for name in _HELPER_MODULES:
+            with open(os.path.join(os.path.dirname(__file__), name), "rb") as f:
+                helpers.update(f.read())
+        _TAG = (f"numba {numba.__version__} py{sys.version_info[0]}{sys.version_info[1]} {cpu} {features} "
+                f"helpers {helpers.hexdigest()[:16]}")
+    return _TAG
+
+
+_TAG = None
+_HELPER_MODULES = ("launch.py", "stack.py", "reduce.py")     # imported by generated kernels
 
 
 def source_path(source: str) -> str:

@@ -47,14 +47,19 @@ def call_chunk(typingctx, addr, table, nargs, lo, hi):
 
     def codegen(context, builder, sig, args):
         a, t, _, low, high = args
-        i64 = ir.IntType(64)
         data = context.make_array(sig.args[1])(context, builder, t).data
-        words = [builder.load(builder.gep(data, [ir.Constant(i64, k)])) for k in range(n)]
-        fnty = ir.FunctionType(ir.VoidType(), [i64] * (n + 2))
-        builder.call(builder.inttoptr(a, fnty.as_pointer()), words + [low, high])
+        _emit_call(builder, a, data, ir.Constant(ir.IntType(64), 0), n, low, high)
         return context.get_dummy_value()
 
     return types.void(types.intp, table, nargs, types.intp, types.intp), codegen
+
+
+def _emit_call(builder, addr, data, first, n: int, low, high):
+    """Call the function at `addr` with words data[first:first+n] (as i64), then low and high."""
+    i64 = ir.IntType(64)
+    words = [builder.load(builder.gep(data, [builder.add(first, ir.Constant(i64, k))])) for k in range(n)]
+    fnty = ir.FunctionType(ir.VoidType(), [i64] * (n + 2))
+    builder.call(builder.inttoptr(addr, fnty.as_pointer()), words + [low, high])
 
 
 def driver_source(nwords: int) -> str:
@@ -150,10 +155,7 @@ def call_chunk_words(typingctx, addr, table, start, nwords, lo, hi):
             block = builder.append_basic_block(f"sequence.call.{n}")
             switch.add_case(ir.Constant(i64, n), block)
             builder.position_at_end(block)
-            words = [builder.load(builder.gep(data, [builder.add(first, ir.Constant(i64, k))]))
-                     for k in range(n)]
-            fnty = ir.FunctionType(ir.VoidType(), [i64] * (n + 2))
-            builder.call(builder.inttoptr(a, fnty.as_pointer()), words + [low, high])
+            _emit_call(builder, a, data, first, n, low, high)
             builder.branch(end)
         builder.position_at_end(end)
         return context.get_dummy_value()
