@@ -1,10 +1,11 @@
 """The template interface: workload + config -> kernel source, and the registry of templates.
 
 A template declares its config space (knobs), picks a default config from a simple model of the
-machine, and generates a kernel: Python source for one `numba.njit` function named `kernel` whose
-arguments are flat 1-d arrays, plus the list saying what each argument is bound to ("out0",
-"in2", or the name of an array that `pack` prepares once from constant inputs, such as weights
-re-laid out for the kernel).
+machine, and generates a kernel: a body of numba code over flat 1-d arrays, which `source` turns
+into a module with one `cfunc` named `kernel` (a range of the body's parallel loop; launch.py runs
+it on the threads), plus the list saying what each array is bound to ("out0", "in2", or the name
+of an array that `pack` prepares once from constant inputs, such as weights re-laid out for the
+kernel).
 """
 from __future__ import annotations
 
