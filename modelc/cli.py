@@ -152,7 +152,7 @@ def cmd_records(args):
     if args.action == "distill":
         out = args.output or args.log.replace(".jsonl", "") + ".best.jsonl"
         n = R.distill(args.log, out)
-        print(f"wrote {n} record(s) (best per workload and target) to {out}")
+        print(f"wrote {n} record(s) (best per workload, algorithm and target) to {out}")
     else:
         recs = R.load_records(args.log)
         best = R.best_by_key(recs)

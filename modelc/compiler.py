@@ -7,7 +7,8 @@ from . import __version__
 from .frontend import from_onnx
 from .ir import Graph
 from .kernels import templates as _templates  # noqa: F401  (registers the templates)
-from .kernels.template import select
+from .kernels.template import alternatives, select
+from .kernels.template import get as get_template
 from .kernels.workload import Workload
 from .passes import optimize
 from .passes.layout import plan_layouts
@@ -29,10 +30,13 @@ def build_program(fused: Graph) -> tuple[dict, dict]:
         wl = workload_of(fused, node)
         key = workload_key(wl)
         view = Workload(wl)
-        tpl = select(view)
-        config = ctx.query(key, tpl.name) if ctx is not None and tpl.tunable else None
+        name, config = select(view).name, None
+        if ctx is not None and get_template(name).tunable:
+            # the fastest record among the algorithms that can run it (direct or Winograd ...)
+            name, config = ctx.choose(key, [name] + [t.name for t in alternatives(view, get_template(name))]) \
+                or (name, None)
         steps.append({"key": key, "pattern": node.attrs.get("pattern", node.op_type),
-                      "desc": describe(fused, node), "template": tpl.name, "config": config,
+                      "desc": describe(fused, node), "template": name, "config": config,
                       "workload": wl, "inputs": list(node.inputs), "outputs": list(node.outputs)})
         used.update(node.inputs)
         used.update(o for o in node.outputs if o)
@@ -55,8 +59,7 @@ def build_program(fused: Graph) -> tuple[dict, dict]:
 
 
 def get_tunable(step: dict) -> bool:
-    from .kernels.template import get
-    return get(step["template"]).tunable
+    return get_template(step["template"]).tunable
 
 
 def compile(model, shape: dict | None = None, jobs: int | None = None, progress: bool = False) -> Module:

@@ -38,6 +38,8 @@ class Template:
     name = "template"
     tunable = True
     priority = 0          # lower is tried first; generic templates set it higher
+    alternative_to = None  # another template's name: this one is a second algorithm for its
+                           # workloads, never the default, chosen only by a faster tuning record
 
     def matches(self, wl: Workload) -> bool:
         raise NotImplementedError
@@ -63,9 +65,15 @@ def register(cls):
 def select(wl: Workload) -> Template:
     """The first registered template that handles `wl` (the fallback matches everything)."""
     for t in sorted(TEMPLATES, key=lambda t: t.priority):
-        if t.matches(wl):
+        if t.alternative_to is None and t.matches(wl):
             return t
     raise ModelcError(f"no kernel template for pattern {[o.op for o in wl.ops]}")
+
+
+def alternatives(wl: Workload, default: Template) -> list:
+    """The other algorithms for `wl` whose records may replace `default`'s (tuning decides)."""
+    return [t for t in sorted(TEMPLATES, key=lambda t: t.priority)
+            if t.alternative_to == default.name and t.matches(wl)]
 
 
 def get(name: str) -> Template:
@@ -180,5 +188,5 @@ def epilogue_inputs(ops: list) -> list:
     return sorted({int(a[1:]) for op in ops for a in op.args if a.startswith("i")})
 
 
-__all__ = ["Kernel", "Template", "TEMPLATES", "register", "select", "get", "source", "epilogue",
+__all__ = ["Kernel", "Template", "TEMPLATES", "register", "select", "alternatives", "get", "source", "epilogue",
            "epilogue_inputs", "broadcast_index", "ctor", "lit"]

@@ -157,7 +157,8 @@ def best_by_key(records, target: dict | None = None) -> dict:
 
 
 def distill(src: str, dst: str) -> int:
-    """Keep the best record per workload and target; returns how many were written."""
+    """Keep the best record per workload, algorithm (template) and target; returns how many were
+    written. `ApplyHistoryBest` then takes the fastest algorithm of each workload."""
     recs = load_records(src)
     best: dict = {}
     for r in recs:
@@ -196,6 +197,14 @@ class ApplyHistoryBest:
     def query(self, key: str, template: str):
         rec = self.best.get((key, template))
         return None if rec is None else rec.config
+
+    def choose(self, key: str, templates: list):
+        """(template, config) of the fastest record among a workload's algorithms, or None."""
+        recs = [self.best[(key, t)] for t in templates if (key, t) in self.best]
+        if not recs:
+            return None
+        rec = min(recs, key=lambda r: r.cost)
+        return rec.template, rec.config
 
     def report(self, steps: list, file=sys.stderr):
         tuned = [s for s in steps if (s["key"], s["template"]) in self.best]

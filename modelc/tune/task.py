@@ -34,11 +34,12 @@ class Task:
     workload: dict = field(repr=False)
     node: Node = field(repr=False, default=None)     # the first occurrence, for building kernels
     graph: Graph = field(repr=False, default=None)   # the fused graph it was found in
+    alternatives: list = field(default_factory=list)  # other algorithms' templates (Winograd ...)
 
     def to_json(self) -> dict:
         return {"key": self.key, "desc": self.desc, "pattern": self.pattern, "weight": self.weight,
                 "flops": self.flops, "template": self.template, "tunable": self.tunable,
-                "workload": self.workload}
+                "alternatives": self.alternatives, "workload": self.workload}
 
 
 @functools.lru_cache(maxsize=None)
@@ -188,10 +189,11 @@ def tasks_from_graph(graph: Graph) -> list[Task]:
     """One Task per distinct workload of a fused graph, in order of first occurrence.
 
     The template is the kernel template `compile` would pick; a group whose template has no
-    knobs (or a single config) runs that fixed kernel and is marked not tunable.
+    knobs (or a single config) runs that fixed kernel and is marked not tunable. `alternatives`
+    names the other algorithms a tuning record may replace it with.
     """
     from ..kernels import templates as _templates  # noqa: F401  (registers the templates)
-    from ..kernels.template import select
+    from ..kernels.template import alternatives, select
     from ..kernels.workload import Workload
     by_key: dict[str, Task] = {}
     for node in graph.topo():
@@ -200,10 +202,12 @@ def tasks_from_graph(graph: Graph) -> list[Task]:
         if key in by_key:
             by_key[key].weight += 1
             continue
-        tpl = select(Workload(wl))
-        tunable = tpl.tunable and len(tpl.space(Workload(wl))) > 1
+        view = Workload(wl)
+        tpl = select(view)
+        tunable = tpl.tunable and len(tpl.space(view)) > 1
+        alts = [t.name for t in alternatives(view, tpl)] if tpl.tunable else []
         by_key[key] = Task(key, describe(graph, node), node.attrs.get("pattern", node.op_type.lower()),
-                           1, group_flops(graph, node), tpl.name, tunable, wl, node, graph)
+                           1, group_flops(graph, node), tpl.name, tunable, wl, node, graph, alts)
     return list(by_key.values())
 
 

@@ -37,15 +37,31 @@ class TuningTask:
 
 
 def tuning_tasks(model, shape: dict | None = None) -> list:
-    """The model's tasks that have a tunable template with more than one config."""
+    """The model's tasks: one per tunable workload and algorithm (template) that can run it."""
     from .task import extract_tasks
     out = []
     for t in extract_tasks(model, shape):
-        if t.tunable:
-            wl = Workload(t.workload)
-            tpl = get_template(t.template)
-            out.append(TuningTask(t.key, t.desc, t.weight, t.flops, t.workload, wl, tpl, tpl.space(wl)))
+        wl = Workload(t.workload)
+        for name in ([t.template] if t.tunable else []) + t.alternatives:
+            tpl = get_template(name)
+            desc = t.desc if name == t.template else f"{t.desc} [{name.split('_')[-1]}]"
+            out.append(TuningTask(t.key, desc, t.weight, t.flops, t.workload, wl, tpl, tpl.space(wl)))
     return out
+
+
+def best_of_alternatives(tasks: list):
+    """The scheduler's objective when a workload has several algorithms (one task each): sum of
+    weight x the best latency among its tasks, since compile keeps only the fastest."""
+    groups: dict = {}
+    for i, t in enumerate(tasks):
+        groups.setdefault(t.key, []).append(i)
+    if all(len(g) == 1 for g in groups.values()):
+        return None
+    weights = {k: tasks[g[0]].weight for k, g in groups.items()}
+
+    def objective(costs):
+        return sum(weights[k] * min(costs[i] for i in g) for k, g in groups.items())
+    return objective
 
 
 class _Progress:
@@ -107,7 +123,7 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
     for tn, d in zip(tuners, defaults):
         tn.prefer([d])
     rtasks: dict = {}
-    warm = [(rtasks.setdefault(r.key, _RecordTask(r)), r.config, r.cost) for r in prior
+    warm = [(rtasks.setdefault((r.key, r.template), _RecordTask(r)), r.config, r.cost) for r in prior
             if r.workload is not None]
     for tn in tuners:
         tn.load_history(warm)
@@ -154,8 +170,8 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
     cbs = list(callbacks)
     if verbose >= 1:
         cbs.append(PrintTableCallback(file=sys.stderr))
-    sched = TaskScheduler(tasks, strategy=strategy, early_stopping_task=early_stopping, callbacks=cbs,
-                          seed=seed)
+    sched = TaskScheduler(tasks, strategy=strategy, objective=best_of_alternatives(tasks),
+                          early_stopping_task=early_stopping, callbacks=cbs, seed=seed)
     t0 = time.time()
     try:
         sched.tune(n_trials, trials_per_round, tune_round, history=history)

@@ -1,0 +1,256 @@
+"""Winograd convolution F(m x m, 3 x 3) for 3x3 stride-1 convs, in the channel-blocked layout.
+
+Why: a direct 3x3 conv spends 9 m^2 multiplies per (input channel, output channel) on an m x m
+output tile; Winograd's minimal filtering (Lavin & Gray, CVPR'16) spends (m+2)^2 - 16 instead
+of 36 for F(2x2, 3x3), 36 instead of 144 for F(4x4, 3x3) - and 3x3 stride-1 convs are most of a
+ResNet's FLOPs. The price is the transforms (additions, once per tile and channel, amortised
+over the output channels) and rounding: F(4x4, 3x3)'s output differs from the exact sum by a few
+1e-7 of its scale, against ~1e-7 for the direct conv.
+
+Weights are transformed at compile time (U = G g G^T) and packed as [K/KT, (m+2)^2, C, KT]. One
+parallel loop runs over (image, output-channel tile, group of TT output tiles). Per item: the
+input tiles are transformed (V = B^T d B) into a buffer on the stack, then for each of the
+(m+2)^2 transform points a TT x KT register tile accumulates V x U over the input channels (a
+small GEMM per point, written like conv2d's inner loop so LLVM vectorises it), and the output
+transform Y = A^T M A, the fused epilogue and the store finish the tile. A last tile or group
+that would pass the end is shifted back (it recomputes, never branches), as in conv2d.
+
+Untuned modules use the direct conv (as TVM's x86 strategy and oneDNN's default do): whether
+Winograd pays depends on the shape and the machine, so tuning decides by measurement - a conv
+this template matches gets one tuning task per template, and the fastest record wins.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .conv2d import MAX_TILE_VECTORS, _geometry
+from .layout import offset
+from .space import ConfigSpace
+from .template import Kernel, Template, epilogue, epilogue_inputs, get, register, source
+from .workload import Workload
+
+# F(m, 3) matrices (Lavin & Gray; interpolation points 0, +-1, +-2 and infinity for m = 4)
+MATRICES = {
+    2: dict(BT=[[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+            G=[[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]],
+            AT=[[1, 1, 1, 0], [0, 1, -1, -1]]),
+    4: dict(BT=[[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+            G=[[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+               [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
+            AT=[[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
+}
+TT_CANDIDATES = [1, 2, 3, 4, 6, 8, 12, 16]
+MAX_STACK_FLOATS = 64 << 10          # 256 KB of stack per item: far below any thread's stack
+
+
+def _lin(row, names) -> str:
+    """sum(row[k] * names[k]) as float32 source, skipping zeros and unit multiplies."""
+    terms = []
+    for c, n in zip(row, names):
+        if c == 0:
+            continue
+        if c == 1:
+            terms.append(f"+ {n}")
+        elif c == -1:
+            terms.append(f"- {n}")
+        else:
+            terms.append(f"{'-' if c < 0 else '+'} np.float32({abs(float(c))!r}) * {n}")
+    if not terms:
+        return "np.float32(0.0)"
+    s = " ".join(terms)
+    return s[2:] if s.startswith("+ ") else "-" + s[2:]
+
+
+def _tiles(g, m):
+    nth, ntw = -(-g["OH"] // m), -(-g["OW"] // m)
+    return nth, ntw, nth * ntw
+
+
+@register
+class Conv2dWinograd(Template):
+    name = "conv2d_winograd"
+    alternative_to = "conv2d"      # never picked by default, only by a faster tuning record
+
+    def matches(self, wl: Workload) -> bool:
+        if not get(self.alternative_to).matches(wl):
+            return False
+        a = wl.anchor
+        w = wl.spec(a.args[1])
+        g = _geometry(wl)
+        return (tuple(w.shape[2:]) == (3, 3) and tuple(g["s"]) == (1, 1) and tuple(g["d"]) == (1, 1)
+                and min(g["OH"], g["OW"]) >= 2)
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        g = _geometry(wl)
+        sp = ConfigSpace()
+        sp.define_knob("tile_size", [m for m in MATRICES if m <= min(g["OH"], g["OW"])])
+        sp.define_knob("tile_tiles", [t for t in TT_CANDIDATES if t <= _tiles(g, 2)[2]])
+        blocks = g["K"] // g["KB"]
+        sp.define_knob("tile_oc_blocks", [b for b in (1, 2, 4) if b <= blocks and b * g["KB"] <= 64])
+        sp.define_knob("transform", ["per_block", "all_channels"])
+        sp.define_reorder("item_order", ["k", "tiles"], candidates=[["k", "tiles"], ["tiles", "k"]])
+        kb, c = g["KB"], g["C"]
+
+        def ok(cfg):
+            m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * kb
+            a2 = (m + 2) ** 2
+            v = a2 * tt * (c if cfg["transform"] == "all_channels" else g["cb"])
+            return (tt * -(-kt // 16) <= MAX_TILE_VECTORS and tt <= _tiles(g, m)[2]
+                    and a2 * tt * kt + v + tt * kt <= MAX_STACK_FLOATS)
+        sp.constraint = ok
+        return sp
+
+    def default_config(self, wl: Workload, space: ConfigSpace):
+        """F(4x4, 3x3) where the output allows it, 8 tiles x 32 channels, per-block transform."""
+        g = _geometry(wl)
+        m = max(space.knobs[0].values)
+        tts = [t for t in space.knobs[1].values if t <= _tiles(g, m)[2]] or space.knobs[1].values[:1]
+        blocks = [b for b in space.knobs[2].values if b * g["KB"] <= 32]
+        cfg = {"tile_size": m, "tile_tiles": min(tts, key=lambda t: abs(t - 8)),
+               "tile_oc_blocks": max(blocks or space.knobs[2].values[:1]), "transform": "per_block",
+               "item_order": ["k", "tiles"]}
+        c = space.from_values(cfg)
+        if space.is_valid(c):
+            return c
+        return space.get(space.valid_indices(limit=1)[0])
+
+    def build(self, wl: Workload, cfg) -> Kernel:
+        g = _geometry(wl)
+        conv = wl.anchor
+        m, TT, mb = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"]
+        BT, G, AT = (np.array(MATRICES[m][k], np.float64) for k in ("BT", "G", "AT"))
+        a = m + 2
+        A2 = a * a
+        KB, cb, C = g["KB"], g["cb"], g["C"]
+        KT = KB * mb
+        KBLK = g["K"] // KB
+        KO = -(-KBLK // mb)
+        CBLK = C // cb
+        OH, OW = g["OH"], g["OW"]
+        ph, pw = g["p"][0], g["p"][1]
+        hin = g["hin"]
+        NTH, NTW, NT = _tiles(g, m)
+        NG = -(-NT // TT)
+        xs = (g["N"], CBLK, g["H"] + 2 * hin, g["W"] + 2 * hin, cb)
+        x_n, x_c, x_h = xs[1] * xs[2] * xs[3] * cb, xs[2] * xs[3] * cb, xs[3] * cb
+        x_arg = int(conv.args[0][1:])
+        X = f"in{x_arg}"
+        has_bias = len(conv.args) > 2 and bool(conv.args[2])
+        per_block = cfg["transform"] == "per_block"
+        VLEN = A2 * TT * (cb if per_block else C)
+        ACC = A2 * TT * KT
+
+        if cfg["item_order"][0] == "k":
+            split = [f"    g = it % {NG}", f"    rest = it // {NG}", f"    ko = rest % {KO}",
+                     f"    n = rest // {KO}"]
+        else:
+            split = [f"    ko = it % {KO}", f"    rest = it // {KO}", f"    g = rest % {NG}",
+                     f"    n = rest // {NG}"]
+        body = [f"for it in prange({g['N'] * KO * NG}):", *split,
+                f"    ko0 = min(ko * {mb}, {KBLK - mb})",
+                f"    q0 = min(g * {TT}, {NT - TT})",
+                f"    acc = carray(stack_empty({ACC}, np.float32), {ACC})",
+                f"    vt = carray(stack_empty({VLEN}, np.float32), {VLEN})",
+                f"    rt = carray(stack_empty({TT * KT}, np.float32), {TT * KT})"]
+
+        def tile_origin(ind):
+            pre = " " * ind
+            return [f"{pre}q = q0 + t",
+                    f"{pre}oy = min((q // {NTW}) * {m}, {OH - m})",
+                    f"{pre}ox = min((q % {NTW}) * {m}, {OW - m})"]
+
+        def input_transform(ind, vstride, voff):
+            """V[point][t][...] = B^T d B for the TT tiles and the cb channels of block cbk."""
+            pre = " " * ind
+            lines = [f"{pre}for t in range({TT}):"] + tile_origin(ind + 4)
+            lines += [f"{pre}    xb = np.uintp(n * {x_n} + cbk * {x_c} + (oy + {hin - ph}) * {x_h} "
+                      f"+ (ox + {hin - pw}) * {cb})",
+                      f"{pre}    for c in range({cb}):"]
+            p2 = pre + " " * 8
+            for r in range(a):
+                for s in range(a):
+                    lines.append(f"{p2}d{r}_{s} = {X}[xb + np.uintp({r * x_h + s * cb} + c)]")
+            for i in range(a):           # rows: B^T d
+                for s in range(a):
+                    lines.append(f"{p2}u{i}_{s} = {_lin(BT[i], [f'd{k}_{s}' for k in range(a)])}")
+            for i in range(a):           # columns: (B^T d) B
+                for j in range(a):
+                    lines.append(f"{p2}vt[np.uintp((({i * a + j} * {TT} + t) * {vstride}) + {voff} + c)] = "
+                                 f"{_lin(BT[j], [f'u{i}_{k}' for k in range(a)])}")
+            return lines
+
+        def point_gemm(ind, chans, vstride, voff, wchan):
+            """rt (TT x KT) += V[point] x U[point] over `chans` channels."""
+            pre = " " * ind
+            lines = [f"{pre}for c in range({chans}):"]
+            lines += [f"{pre}    x{t} = vt[np.uintp((xi * {TT} + {t}) * {vstride} + {voff} + c)]"
+                      for t in range(TT)]
+            lines += [f"{pre}    wo = np.uintp(((ko * {A2} + xi) * {C} + {wchan} + c) * {KT})",
+                      f"{pre}    for j in range({KT}):",
+                      f"{pre}        wv = w[wo + np.uintp(j)]"]
+            lines += [f"{pre}        rt[{t * KT} + j] += x{t} * wv" for t in range(TT)]
+            return lines
+
+        if per_block:
+            body += [f"    for q in range({ACC}):", "        acc[q] = np.float32(0.0)",
+                     f"    for cbk in range({CBLK}):"]
+            body += input_transform(8, cb, "0")
+            body += [f"        for xi in range({A2}):",
+                     f"            for q in range({TT * KT}):",
+                     f"                rt[q] = acc[np.uintp(xi * {TT * KT} + q)]"]
+            body += point_gemm(12, cb, cb, "0", f"cbk * {cb}")
+            body += [f"            for q in range({TT * KT}):",
+                     f"                acc[np.uintp(xi * {TT * KT} + q)] = rt[q]"]
+        else:
+            body += [f"    for cbk in range({CBLK}):"]
+            body += input_transform(8, C, f"cbk * {cb}")
+            body += [f"    for xi in range({A2}):",
+                     f"        for q in range({TT * KT}):", "            rt[q] = np.float32(0.0)"]
+            body += point_gemm(8, C, C, "0", "0")
+            body += [f"        for q in range({TT * KT}):",
+                     f"            acc[np.uintp(xi * {TT * KT} + q)] = rt[q]"]
+
+        # output transform, epilogue and store: channel k = (ko0 + blk) * KB + jj
+        out = wl.outputs[0]
+        ops = wl.epilogue
+        body += [f"    for t in range({TT}):"] + tile_origin(8)
+        body += [f"        for blk in range({mb}):", f"            for jj in range({KB}):"]
+        p3 = " " * 16
+        for i in range(a):
+            for j in range(a):
+                body.append(f"{p3}m{i}_{j} = acc[np.uintp((({i * a + j} * {TT} + t) * {KT}) + blk * {KB} + jj)]")
+        for i in range(m):
+            for j in range(a):
+                body.append(f"{p3}s{i}_{j} = {_lin(AT[i], [f'm{k}_{j}' for k in range(a)])}")
+        if has_bias:
+            body.append(f"{p3}bv = bias[(ko0 + blk) * {KB} + jj]")
+        for dy in range(m):
+            for dx in range(m):
+                v = _lin(AT[dx], [f's{dy}_{k}' for k in range(a)])
+                v = f"({v}) + bv" if has_bias else v
+                idx = ["n", ("ko0 + blk", "jj", KB), f"oy + {dy}", f"ox + {dx}"]
+                lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
+                                        var=f"e{dy}_{dx}_")
+                body += [p3 + ln for ln in lines]
+                body.append(f"{p3}out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
+
+        args = ["out0", X, "w"] + (["bias"] if has_bias else [])
+        args += [f"in{k}" for k in epilogue_inputs(ops) if k != x_arg]
+        dtypes = [np.float32] * 3 + [np.float32] * has_bias + \
+            [wl.inputs[int(x[2:])].dtype for x in args[3 + has_bias:]]
+        w_arg = int(conv.args[1][1:])
+        b_arg = int(conv.args[2][1:]) if has_bias else None
+
+        def pack(consts):
+            wv = consts[w_arg].astype(np.float64)                                 # [K, C, 3, 3]
+            u = np.einsum("ik,ockl,jl->ijoc", G, wv, G).reshape(A2, g["K"], C)    # U = G g G^T
+            first = [min(t * mb, KBLK - mb) * KB for t in range(KO)]
+            u = u[:, np.array([f + j for f in first for j in range(KT)])]        # [A2, KO*KT, C]
+            packed = u.reshape(A2, KO, KT, C).transpose(1, 0, 3, 2)              # [KO, A2, C, KT]
+            res = {"w": np.ascontiguousarray(packed, dtype=np.float32).reshape(-1)}
+            if has_bias:
+                res["bias"] = np.ascontiguousarray(consts[b_arg].astype(np.float32).reshape(-1))
+            return res
+
+        return Kernel(source(args, dtypes, body), args, pack)
