@@ -84,10 +84,13 @@ def cmd_tasks(args):
     print(f"{'#':>3}  {'task':<64}{'weight':>7}{'MFLOPs':>10}{'share':>8}  template")
     for i, t in rows:
         print(f"{i:>3}  {t.desc[:63]:<64}{t.weight:>7}{t.flops / 1e6:>10.2f}"
-              f"{100 * t.weight * t.flops / total:>7.1f}%  {t.template}{'' if t.tunable else ' (fixed)'}")
+              f"{100 * t.weight * t.flops / total:>7.1f}%  {t.template}{'' if t.tunable else ' (fixed)'}"
+              + "".join(f" | {a}" for a in t.alternatives))
     n_groups = sum(t.weight for t in tasks)
-    print(f"     {len(tasks)} tasks, {n_groups} fused groups, {sum(t.tunable for t in tasks)} tunable; "
-          f"total {total / 1e9:.3f} GFLOPs")
+    n_alt = sum(len(t.alternatives) for t in tasks)
+    print(f"     {len(tasks)} tasks, {n_groups} fused groups, {sum(t.tunable for t in tasks)} tunable"
+          + (f" (+{n_alt} with a second algorithm, tuned as tasks of their own)" if n_alt else "")
+          + f"; total {total / 1e9:.3f} GFLOPs")
 
 
 def cmd_compile(args):

@@ -266,3 +266,18 @@ def test_bad_arguments():
         TaskScheduler(tasks_of(2), similarity=[0])
     with pytest.raises(ValueError):
         TaskScheduler(tasks_of(1)).tune(10, 5, lambda i, n: [], history={3: [1.0]})
+
+
+def test_a_workloads_slower_algorithm_gets_no_rounds():
+    """Two tasks of one workload (direct and Winograd, say): compile keeps the faster, so the
+    objective counts only it and the slower algorithm is not tuned after the warm-up."""
+    from modelc.tune.tuning import best_of_alternatives
+    tasks = [FakeTask("conv 1x64", key="a"), FakeTask("conv 1x64 [winograd]", key="a"),
+             FakeTask("dense 1x512", key="b")]
+    objective = best_of_alternatives(tasks)
+    assert objective([3.0, 1.0, 2.0]) == 3.0 and best_of_alternatives(tasks[1:]) is None
+    curves = [curve(4 * MS, 20 * MS), curve(1 * MS, 5 * MS), curve(1 * MS, 5 * MS)]
+    sched, _ = run(tasks, curves, 200, objective=objective)
+    assert sched.task_rounds[0] == 1                          # warm-up only
+    assert sched.task_rounds[1] > 5 and sched.task_rounds[2] > 5
+    assert sched.objective_value() == pytest.approx(sched.best_costs[1] + sched.best_costs[2])

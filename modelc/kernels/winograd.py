@@ -115,6 +115,21 @@ class Conv2dWinograd(Template):
             return c
         return space.get(space.valid_indices(limit=1)[0])
 
+    def features(self, wl: Workload, cfg) -> dict:
+        """What the cost model cannot read from knob names: multiplies saved, wasted tiles, and
+        how often the transformed weights (4x the weights for F(4x4, 3x3)) are streamed."""
+        import math
+        g = _geometry(wl)
+        m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * g["KB"]
+        nth, ntw, nt = _tiles(g, m)
+        groups = -(-nt // tt)
+        ko = -(-g["K"] // kt)
+        return {"mults_per_output": (m + 2) ** 2 / m ** 2,
+                "tile_waste": groups * tt * m * m / (g["OH"] * g["OW"]) - 1.0,
+                "log_weight_bytes": math.log2(4.0 * (m + 2) ** 2 * g["C"] * ko * kt * groups),
+                "log_input_transforms": math.log2(groups * tt * g["C"] * ko),
+                "log_items": math.log2(g["N"] * ko * groups)}
+
     def build(self, wl: Workload, cfg) -> Kernel:
         g = _geometry(wl)
         conv = wl.anchor

@@ -1,0 +1,119 @@
+"""Winograd conv template: every algorithm variant against the reference, what it matches, and
+that compile uses it only where a tuning record says it is faster."""
+import io
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import modelc
+from modelc.kernels import template, testing
+from modelc.kernels.template import alternatives, get
+from modelc.kernels.winograd import MATRICES
+from modelc.kernels.workload import Workload
+from modelc.tune import records as R
+from modelc.tune.task import extract_tasks
+
+from test_kernels_conv2d import conv_wl
+
+WINO = get("conv2d_winograd")
+
+
+@pytest.mark.parametrize("m", sorted(MATRICES))
+def test_transform_matrices_compute_a_3x3_correlation(m):
+    BT, G, AT = (np.array(MATRICES[m][k], np.float64) for k in ("BT", "G", "AT"))
+    rng = np.random.default_rng(m)
+    d, g = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((3, 3))
+    want = np.array([[np.sum(d[i:i + 3, j:j + 3] * g) for j in range(m)] for i in range(m)])
+    np.testing.assert_allclose(AT @ ((G @ g @ G.T) * (BT @ d @ BT.T)) @ AT.T, want, atol=1e-12)
+
+
+CASES = [
+    # odd output sizes (last tiles and groups shifted back), residual add, narrow blocks
+    dict(C=16, H=10, W=9, K=32, k=3, s=1, p=1, hin=1, hout=1, residual=True),
+    dict(C=24, H=7, W=13, K=40, k=3, s=1, p=1, hin=1, hout=0, act="Clip"),
+    # no padding (a "valid" conv reads the input's halo-free interior), no bias
+    dict(C=32, H=12, W=12, K=16, k=3, s=1, p=0, hin=0, hout=1, bias=False, act=None),
+    # the smallest output F(2x2, 3x3) can tile
+    dict(C=8, H=4, W=4, K=8, k=3, s=1, p=0, hin=0, hout=0),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"c{c['C']}k{c['K']}h{c['H']}w{c['W']}p{c['p']}")
+def test_every_variant_matches_the_reference(case):
+    wl = conv_wl(**case)
+    assert WINO.matches(wl) and template.select(wl).name == "conv2d"
+    space = WINO.space(wl)
+    default = WINO.default_config(wl, space)
+    tts = space.knobs[1].values
+    tried = set()
+    # every tile size and transform, with the item orders and group sizes (1, odd, largest) mixed in
+    for k, (m, transform) in enumerate((m, t) for m in space.knobs[0].values for t in ("per_block", "all_channels")):
+        order = [["k", "tiles"], ["tiles", "k"]][k % 2]
+        for tt in sorted({tts[0], tts[min(2, len(tts) - 1)], tts[-1]})[k % 2::2]:
+            cfg = space.from_values(dict(default.values, tile_size=m, transform=transform, item_order=order,
+                                         tile_tiles=tt))
+            if not space.is_valid(cfg):
+                continue
+            tried.add(m)
+            got, want, _, _ = testing.run(wl, WINO, cfg)
+            # F(4x4, 3x3) rounds a little more than a direct sum (still ~1e-6 here)
+            assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+    assert tried == set(space.knobs[0].values)
+
+
+def test_what_it_matches():
+    assert WINO.matches(conv_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0))
+    for kw in (dict(k=3, s=2, p=1), dict(k=5, s=1, p=2), dict(k=1, s=1, p=0), dict(k=3, s=1, p=2, dil=2)):
+        wl = conv_wl(C=16, H=8, W=8, K=16, hin=kw["p"], hout=0, **kw)
+        assert not WINO.matches(wl) and alternatives(wl, template.select(wl)) == [], kw
+    # too small to hold one 2x2 output tile
+    assert not WINO.matches(conv_wl(C=16, H=3, W=3, K=16, k=3, s=1, p=0, hin=0, hout=0))
+
+
+def _model(path):
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "one_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 20])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 20, 20])], [w, b])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, path)
+
+
+@pytest.mark.parametrize("faster", ["conv2d", "conv2d_winograd"])
+def test_compile_takes_the_faster_algorithm_of_a_workload(tmp_path, faster):
+    path = str(tmp_path / "m.onnx")
+    _model(path)
+    (task,) = [t for t in extract_tasks(path) if t.pattern.startswith("conv")]
+    assert task.template == "conv2d" and task.alternatives == ["conv2d_winograd"]
+    target = R.current_target()
+    recs = []
+    for name in ("conv2d", "conv2d_winograd"):
+        tpl = get(name)
+        wl = Workload(task.workload)
+        cfg = tpl.default_config(wl, tpl.space(wl))
+        cost = 1e-4 if name == faster else 2e-4
+        recs.append(R.Record(task.key, task.desc, name, cfg.values, [cost], R.NO_ERROR, "", target,
+                             task.workload, 1.0))
+    with R.ApplyHistoryBest(recs):
+        mod = modelc.compile(path)
+    (step,) = [s for s in mod.program["steps"] if s["key"] == task.key]
+    assert step["template"] == faster and step["config"] is not None
+    x = np.random.default_rng(1).standard_normal((1, 16, 20, 20)).astype(np.float32)
+    ref = modelc.reference.run(modelc.from_onnx(path), {"x": x})["y"]
+    assert np.abs(mod(x) - ref).max() <= 1e-5 * np.abs(ref).max()
+    out = io.StringIO()
+    R.ApplyHistoryBest(recs).report([step], file=out)
+    assert "1 of 1" in out.getvalue()
+
+
+def test_without_records_compile_uses_the_direct_conv(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    _model(path)
+    mod = modelc.compile(path)
+    assert [s["template"] for s in mod.program["steps"] if s["pattern"].startswith("conv")] == ["conv2d"]
