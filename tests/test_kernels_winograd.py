@@ -63,6 +63,18 @@ def test_every_variant_matches_the_reference(case):
     assert tried == set(space.knobs[0].values)
 
 
+def test_a_batch_of_two_images():
+    j = conv_wl(C=16, H=9, W=9, K=16, k=3, s=1, p=1, hin=1, hout=1, residual=True).json
+    for t in j["inputs"][:1] + j["inputs"][-1:] + j["outputs"]:   # the image, the residual, the output
+        t["shape"][0] = 2
+    wl = Workload(j)
+    space = WINO.space(wl)
+    for m in space.knobs[0].values:
+        cfg = space.from_values(dict(WINO.default_config(wl, space).values, tile_size=m))
+        got, want, _, _ = testing.run(wl, WINO, cfg)
+        assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+
+
 def test_what_it_matches():
     assert WINO.matches(conv_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0))
     for kw in (dict(k=3, s=2, p=1), dict(k=5, s=1, p=2), dict(k=1, s=1, p=0), dict(k=3, s=1, p=2, dil=2)):
