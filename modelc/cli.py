@@ -160,7 +160,8 @@ def cmd_records(args):
         recs = R.load_records(args.log)
         best = R.best_by_key(recs)
         errors = sum(r.error != R.NO_ERROR for r in recs)
-        print(f"{len(recs)} records, {errors} errors, {len(best)} workloads")
+        print(f"{len(recs)} records, {errors} errors, {len({k for k, _ in best})} workloads, "
+              f"{len(best)} workload x algorithm pairs")
         for (key, tpl), r in sorted(best.items(), key=lambda kv: kv[1].desc):
             print(f"  {r.desc[:60]:<62}{r.cost * 1e3:9.4f} ms  {tpl}  {r.config}")
 

@@ -30,11 +30,12 @@ def build_program(fused: Graph) -> tuple[dict, dict]:
         wl = workload_of(fused, node)
         key = workload_key(wl)
         view = Workload(wl)
-        name, config = select(view).name, None
-        if ctx is not None and get_template(name).tunable:
+        tpl = select(view)
+        name, config = tpl.name, None
+        if ctx is not None and tpl.tunable:
             # the fastest record among the algorithms that can run it (direct or Winograd ...)
-            name, config = ctx.choose(key, [name] + [t.name for t in alternatives(view, get_template(name))]) \
-                or (name, None)
+            algos = [tpl.name] + [t.name for t in alternatives(view, tpl)]
+            name, config = ctx.choose(key, algos) or (name, None)
         steps.append({"key": key, "pattern": node.attrs.get("pattern", node.op_type),
                       "desc": describe(fused, node), "template": name, "config": config,
                       "workload": wl, "inputs": list(node.inputs), "outputs": list(node.outputs)})

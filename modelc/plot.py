@@ -22,26 +22,7 @@ def plot_log(log: str, output: str):
     recs = load_records(log)
     if not recs:
         raise ModelcError(f"no records in {log!r}")
-    order = []
-    for r in recs:
-        if r.key not in order:
-            order.append(r.key)
-    desc = {r.key: r.desc for r in recs}
-    weight = {r.key: r.weight for r in recs}
-    best: dict = {}
-    curves = {k: ([], []) for k in order}
-    total_x, total_y, alloc_x, alloc_y = [], [], [], []
-    for i, r in enumerate(recs, 1):
-        best[r.key] = min(best.get(r.key, math.inf), r.cost)
-        n = len(curves[r.key][0]) + 1
-        if math.isfinite(best[r.key]):
-            curves[r.key][0].append(n)
-            curves[r.key][1].append(best[r.key] * 1e3)
-        if all(math.isfinite(v) for v in best.values()):
-            total_x.append(i)
-            total_y.append(sum(weight[k] * v for k, v in best.items()) * 1e3)
-        alloc_x.append(i)
-        alloc_y.append(order.index(r.key))
+    order, desc, curves, (total_x, total_y), (alloc_x, alloc_y) = series(recs)
 
     fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
     ax = axes[0]
@@ -63,3 +44,35 @@ def plot_log(log: str, output: str):
     fig.tight_layout()
     fig.savefig(output, dpi=110)
     plt.close(fig)
+
+
+def series(recs) -> tuple:
+    """What the three panels show: per task (workload, algorithm) its best-so-far curve, the
+    estimated total latency after each record, and which task each record went to."""
+    # a task is a workload and an algorithm (direct or Winograd ...); the estimated total counts
+    # each workload's fastest algorithm, as compile does
+    order = []
+    for r in recs:
+        if (r.key, r.template) not in order:
+            order.append((r.key, r.template))
+    desc = {(r.key, r.template): r.desc for r in recs}
+    weight = {r.key: r.weight for r in recs}
+    best: dict = {}
+    curves = {k: ([], []) for k in order}
+    total_x, total_y, alloc_x, alloc_y = [], [], [], []
+    for i, r in enumerate(recs, 1):
+        t = (r.key, r.template)
+        best[t] = min(best.get(t, math.inf), r.cost)
+        n = len(curves[t][0]) + 1
+        if math.isfinite(best[t]):
+            curves[t][0].append(n)
+            curves[t][1].append(best[t] * 1e3)
+        per_key: dict = {}
+        for (key, _), v in best.items():
+            per_key[key] = min(per_key.get(key, math.inf), v)
+        if all(math.isfinite(v) for v in per_key.values()):
+            total_x.append(i)
+            total_y.append(sum(weight[k] * v for k, v in per_key.items()) * 1e3)
+        alloc_x.append(i)
+        alloc_y.append(order.index(t))
+    return order, desc, curves, (total_x, total_y), (alloc_x, alloc_y)

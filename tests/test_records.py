@@ -73,3 +73,23 @@ def test_apply_history_best_missing_log(tmp_path):
     from modelc.errors import ModelcError
     with pytest.raises(ModelcError, match="does not exist"):
         ApplyHistoryBest(str(tmp_path / "nope.jsonl"))
+
+
+def test_plot_counts_each_workloads_fastest_algorithm(tmp_path):
+    from modelc.plot import series
+    recs = [_rec("a", 3e-3, template="conv2d"), _rec("a", 1e-3, template="conv2d_winograd"),
+            _rec("b", 5e-4, template="dense"), _rec("a", 2e-3, template="conv2d")]
+    order, _, curves, (tx, ty), (_, alloc) = series(recs)
+    assert order == [("a", "conv2d"), ("a", "conv2d_winograd"), ("b", "dense")]
+    assert curves[("a", "conv2d")][1] == [3.0, 2.0] and alloc == [0, 1, 2, 0]
+    # over the workloads seen so far, each at its fastest algorithm: 3; 1 (not 3 + 1); 1 + 0.5; ...
+    assert tx == [1, 2, 3, 4] and ty == pytest.approx([3.0, 1.0, 1.5, 1.5])
+    pytest.importorskip("matplotlib")
+    from modelc.plot import plot_log
+    log = tmp_path / "log.jsonl"
+    with RecordWriter(str(log)) as w:
+        for r in recs:
+            w.write(r)
+    out = tmp_path / "tuning.png"
+    plot_log(str(log), str(out))
+    assert out.stat().st_size > 10_000

@@ -281,3 +281,13 @@ def test_a_workloads_slower_algorithm_gets_no_rounds():
     assert sched.task_rounds[0] == 1                          # warm-up only
     assert sched.task_rounds[1] > 5 and sched.task_rounds[2] > 5
     assert sched.objective_value() == pytest.approx(sched.best_costs[1] + sched.best_costs[2])
+
+
+def test_similar_tasks_are_split_by_algorithm():
+    from types import SimpleNamespace as NS
+    from modelc.tune.tuning import similarity_groups
+    tasks = [NS(desc="conv2d_bias_relu 1x64", template=NS(name="conv2d")),
+             NS(desc="conv2d_bias_relu 1x64 [winograd]", template=NS(name="conv2d_winograd")),
+             NS(desc="conv2d_bias_relu 1x3", template=NS(name="conv2d"))]
+    groups = similarity_groups(tasks)
+    assert groups[0] == groups[2] != groups[1]

@@ -188,5 +188,5 @@ def epilogue_inputs(ops: list) -> list:
     return sorted({int(a[1:]) for op in ops for a in op.args if a.startswith("i")})
 
 
-__all__ = ["Kernel", "Template", "TEMPLATES", "register", "select", "alternatives", "get", "source", "epilogue",
-           "epilogue_inputs", "broadcast_index", "ctor", "lit"]
+__all__ = ["Kernel", "Template", "TEMPLATES", "register", "select", "alternatives", "get", "source",
+           "epilogue", "epilogue_inputs", "broadcast_index", "ctor", "lit"]

@@ -21,6 +21,8 @@ this template matches gets one tuning task per template, and the fastest record 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .conv2d import MAX_TILE_VECTORS, _geometry
@@ -118,7 +120,6 @@ class Conv2dWinograd(Template):
     def features(self, wl: Workload, cfg) -> dict:
         """What the cost model cannot read from knob names: multiplies saved, wasted tiles, and
         how often the transformed weights (4x the weights for F(4x4, 3x3)) are streamed."""
-        import math
         g = _geometry(wl)
         m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * g["KB"]
         nth, ntw, nt = _tiles(g, m)

@@ -49,6 +49,14 @@ def tuning_tasks(model, shape: dict | None = None) -> list:
     return out
 
 
+def similarity_groups(tasks: list) -> list:
+    """Ansor's "similar tasks" (one fused op pattern), split by algorithm: a Winograd conv's
+    FLOP/s counts the direct conv's FLOPs, so in one group with direct convs it promised them a
+    speed they cannot reach, and the scheduler spent its rounds on them (seen: 52 of 300 trials
+    on ResNet-18's stem conv, whose default was already its best)."""
+    return [f"{(t.desc.split() or [''])[0]}/{t.template.name}" for t in tasks]
+
+
 def best_of_alternatives(tasks: list):
     """The scheduler's objective when a workload has several algorithms (one task each): sum of
     weight x the best latency among its tasks, since compile keeps only the fastest."""
@@ -171,7 +179,8 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
     if verbose >= 1:
         cbs.append(PrintTableCallback(file=sys.stderr))
     sched = TaskScheduler(tasks, strategy=strategy, objective=best_of_alternatives(tasks),
-                          early_stopping_task=early_stopping, callbacks=cbs, seed=seed)
+                          similarity=similarity_groups(tasks), early_stopping_task=early_stopping,
+                          callbacks=cbs, seed=seed)
     t0 = time.time()
     try:
         sched.tune(n_trials, trials_per_round, tune_round, history=history)
