@@ -183,21 +183,30 @@ class Conv2d(Template):
                     body += ["        " + ln for ln in lines]
                     body += [f"        out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
 
-        args = ["out0", X, "w"] + (["bias"] if has_bias else [])
-        args += [f"in{k}" for k in epilogue_inputs(ops) if k != x_arg]
-        dtypes = [np.float32] * 3 + [np.float32] * has_bias + \
-            [wl.inputs[int(a[2:])].dtype for a in args[3 + has_bias:]]
-        w_arg = int(conv.args[1][1:])
-        b_arg = int(conv.args[2][1:]) if has_bias else None
-
-        def pack(consts):
-            wv = consts[w_arg].astype(np.float32)                       # [K, C, KH, KW]
+        def pack_weights(w):                                            # [K, C, KH, KW]
             first = [min(t * m, KBLK - m) * KB for t in range(KO)]      # each tile's first channel
-            wv = wv[np.array([f + j for f in first for j in range(KT)])]
-            packed = wv.reshape(KO, KT, CBLK, cb, KH, KW).transpose(0, 2, 4, 5, 3, 1)
-            res = {"w": np.ascontiguousarray(packed).reshape(-1)}
-            if has_bias:
-                res["bias"] = np.ascontiguousarray(consts[b_arg].astype(np.float32).reshape(-1))
-            return res
+            wv = w.astype(np.float32)[np.array([f + j for f in first for j in range(KT)])]
+            return wv.reshape(KO, KT, CBLK, cb, KH, KW).transpose(0, 2, 4, 5, 3, 1)
 
-        return Kernel(source(args, dtypes, body), args, pack)
+        return conv_kernel(wl, body, pack_weights)
+
+
+def conv_kernel(wl: Workload, body: list, pack_weights) -> Kernel:
+    """A conv template's kernel: its arguments (output, input, packed weights, bias, epilogue
+    inputs) and a `pack` that lays out the weights with `pack_weights(w)` and the bias as float32."""
+    conv = wl.anchor
+    x_arg, w_arg = int(conv.args[0][1:]), int(conv.args[1][1:])
+    has_bias = len(conv.args) > 2 and bool(conv.args[2])
+    b_arg = int(conv.args[2][1:]) if has_bias else None
+    args = ["out0", f"in{x_arg}", "w"] + (["bias"] if has_bias else [])
+    args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
+    dtypes = [np.float32] * len(args[:3 + has_bias]) + \
+        [wl.inputs[int(a[2:])].dtype for a in args[3 + has_bias:]]
+
+    def pack(consts):
+        res = {"w": np.ascontiguousarray(pack_weights(consts[w_arg]), dtype=np.float32).reshape(-1)}
+        if has_bias:
+            res["bias"] = np.ascontiguousarray(consts[b_arg].astype(np.float32).reshape(-1))
+        return res
+
+    return Kernel(source(args, dtypes, body), args, pack)

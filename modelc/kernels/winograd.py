@@ -25,10 +25,10 @@ import math
 
 import numpy as np
 
-from .conv2d import MAX_TILE_VECTORS, _geometry
+from .conv2d import MAX_TILE_VECTORS, _geometry, conv_kernel
 from .layout import offset
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue, epilogue_inputs, get, register, source
+from .template import Kernel, Template, epilogue, get, register
 from .workload import Workload
 
 # F(m, 3) matrices (Lavin & Gray; interpolation points 0, +-1, +-2 and infinity for m = 4)
@@ -251,22 +251,10 @@ class Conv2dWinograd(Template):
                 body += [p3 + ln for ln in lines]
                 body.append(f"{p3}out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
 
-        args = ["out0", X, "w"] + (["bias"] if has_bias else [])
-        args += [f"in{k}" for k in epilogue_inputs(ops) if k != x_arg]
-        dtypes = [np.float32] * 3 + [np.float32] * has_bias + \
-            [wl.inputs[int(x[2:])].dtype for x in args[3 + has_bias:]]
-        w_arg = int(conv.args[1][1:])
-        b_arg = int(conv.args[2][1:]) if has_bias else None
-
-        def pack(consts):
-            wv = consts[w_arg].astype(np.float64)                                 # [K, C, 3, 3]
-            u = np.einsum("ik,ockl,jl->ijoc", G, wv, G).reshape(A2, g["K"], C)    # U = G g G^T
-            first = [min(t * mb, KBLK - mb) * KB for t in range(KO)]
+        def pack_weights(w):                                                      # [K, C, 3, 3]
+            u = np.einsum("ik,ockl,jl->ijoc", G, w.astype(np.float64), G).reshape(A2, g["K"], C)
+            first = [min(t * mb, KBLK - mb) * KB for t in range(KO)]            # U = G g G^T
             u = u[:, np.array([f + j for f in first for j in range(KT)])]        # [A2, KO*KT, C]
-            packed = u.reshape(A2, KO, KT, C).transpose(1, 0, 3, 2)              # [KO, A2, C, KT]
-            res = {"w": np.ascontiguousarray(packed, dtype=np.float32).reshape(-1)}
-            if has_bias:
-                res["bias"] = np.ascontiguousarray(consts[b_arg].astype(np.float32).reshape(-1))
-            return res
+            return u.reshape(A2, KO, KT, C).transpose(1, 0, 3, 2)                # [KO, A2, C, KT]
 
-        return Kernel(source(args, dtypes, body), args, pack)
+        return conv_kernel(wl, body, pack_weights)
