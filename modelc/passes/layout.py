@@ -137,7 +137,9 @@ def plan_layouts(graph: Graph) -> Graph:
                        and not _reads_any_layout(c)]
         if t in graph.outputs:                       # the producer writes a blocked copy
             inner = graph.fresh_name(f"{t}_blk")
+            outputs = list(graph.outputs)           # the ONNX output keeps its name (and position)
             graph.rename_tensor(t, inner)
+            graph.outputs = outputs
             _transform(graph, inner, None, "output", dst=t)
             t = inner
         if needs_plain:
