@@ -6,6 +6,7 @@ the next measurement starts); a corrupt or foreign line is skipped with one warn
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -13,6 +14,11 @@ import platform
 import sys
 import warnings
 from dataclasses import dataclass, field
+
+try:
+    import fcntl
+except ImportError:                   # not POSIX: single O_APPEND writes only
+    fcntl = None
 
 from .. import __version__
 from ..errors import ModelcError
@@ -93,26 +99,55 @@ class Record:
 
 
 class RecordWriter:
-    """Appends records to a log; each one is on disk before `write` returns."""
+    """Appends records to a log; each one is on disk before `write` returns.
+
+    Several writers may append to one log at once (two `modelc tune` runs sharing it): each line
+    goes out as one `os.write` on an O_APPEND descriptor, under an exclusive `flock` held through
+    the fsync, so lines never interleave, however long. A line left half-written by a killed
+    writer is ended before the next record (under the same lock), so only that line is lost.
+    """
 
     def __init__(self, path: str):
         self.path = path
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
-        self._f = open(path, "a", encoding="utf-8")
-        if self._f.tell() > 0:                   # a killed writer may have left half a line
-            with open(path, "rb") as r:
-                r.seek(-1, os.SEEK_END)
-                if r.read(1) != b"\n":
-                    self._f.write("\n")
+        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        with self._locked():
+            if self._torn():
+                self._write_all(b"\n")
+
+    @contextlib.contextmanager
+    def _locked(self):
+        if fcntl is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _torn(self) -> bool:
+        """Whether the log ends inside a line (call under the lock)."""
+        size = os.fstat(self._fd).st_size
+        return size > 0 and os.pread(self._fd, 1, size - 1) != b"\n"
+
+    def _write_all(self, data: bytes):
+        view = memoryview(data)
+        while view:                               # one call, unless the disk is full or a signal
+            view = view[os.write(self._fd, view):]  # cut it short (still under the lock)
 
     def write(self, rec: Record):
-        self._f.write(rec.to_json() + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        line = (rec.to_json() + "\n").encode("utf-8")
+        with self._locked():
+            if self._torn():
+                line = b"\n" + line
+            self._write_all(line)
+            os.fsync(self._fd)
 
     def close(self):
-        self._f.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self):
         return self
