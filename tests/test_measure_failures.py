@@ -13,8 +13,147 @@ import time
 
 import pytest
 
+import modelc
+from modelc.kernels.space import ConfigSpace
+from modelc.kernels.template import Kernel, Template, register, source
+from modelc.kernels.workload import Workload
 from modelc.tune import records as R
-from modelc.tune.records import Record, RecordWriter, load_records
+from modelc.tune.measure import MeasureOptions, Measurer
+from modelc.tune.records import ApplyHistoryBest, Record, RecordWriter, best_by_key, load_records
+from modelc.tune.task import workload_key
+from modelc.tune.tuning import TuningTask
+
+# ---- a template whose one knob picks how its candidate fails ---------------------------------
+
+FAULTS = {"ok": R.NO_ERROR, "compile_error": R.COMPILE_ERROR, "wrong_result": R.WRONG_RESULT,
+          "build_timeout": R.BUILD_TIMEOUT, "run_timeout": R.RUN_TIMEOUT,
+          "build_crash": R.COMPILE_ERROR, "run_crash": R.RUNTIME_ERROR}
+BUILD_TIMEOUT, RUN_TIMEOUT = 4.0, 3.0
+
+
+@register
+class FaultyRelu(Template):
+    """Relu, or one of the ways a candidate fails. Measurement workers import this module to find
+    it (the parent's import path is passed on); compile never picks it (an "alternative" to no
+    template)."""
+    name = "test_faulty_relu"
+    alternative_to = "no such template"
+    faults = list(FAULTS)
+
+    def matches(self, wl):
+        return [o.op for o in wl.ops] == ["Relu"]
+
+    def space(self, wl):
+        s = ConfigSpace()
+        s.define_knob("fault", self.faults)
+        return s
+
+    def build(self, wl, cfg):
+        fault, n = cfg["fault"], wl.outputs[0].size
+        if fault == "build_timeout":
+            time.sleep(600)
+        if fault == "build_crash":                   # as LLVM's fatal errors end a process
+            sys.stderr.write("LLVM ERROR: Symbol not found: __modelc_test_symbol\n")
+            sys.stderr.flush()
+            os.abort()
+        body = {"ok": [f"for i in prange({n}):", "    out0[i] = max(in0[i], 0.0)"],
+                "compile_error": [f"for i in prange({n}):", "    out0[i] = in0[i] + no_such_name"],
+                "wrong_result": [f"for i in prange({n}):", "    out0[i] = max(in0[i], 0.0) + 0.01"],
+                "run_timeout": ["x = in0[0]", "for r in range(1 << 50):", "    x = x * 0.5 + 1.0",
+                                "out0[0] = x"],
+                "run_crash": [f"for i in prange({n}):", "    out0[i + (1 << 42)] = in0[i]"]}[fault]
+        return Kernel(source(["in0", "out0"], ["float32", "float32"], body), ["in0", "out0"])
+
+
+@register
+class QuickFaultyRelu(FaultyRelu):
+    """The faults that cost no timeout, for tuning end to end."""
+    name = "test_quick_faulty_relu"
+    faults = ["ok", "compile_error", "wrong_result", "build_crash", "run_crash"]
+
+
+WORKLOAD = {"inputs": [{"shape": [1, 7, 3], "dtype": "float32"}],
+            "outputs": [{"shape": [1, 7, 3], "dtype": "float32", "value": "v0"}],
+            "ops": [{"op": "Relu", "attrs": {}, "args": ["i0"]}], "params": {}}
+
+
+def _task(tpl=None):
+    wl, tpl = Workload(WORKLOAD), tpl or FaultyRelu()
+    return TuningTask(workload_key(WORKLOAD), "relu 1x7x3 [faulty]", 1, 21, WORKLOAD, wl, tpl, tpl.space(wl))
+
+
+def _options():
+    return MeasureOptions(number=1, repeat=1, min_repeat_ms=0.0, build_timeout=BUILD_TIMEOUT,
+                          run_timeout=RUN_TIMEOUT, n_parallel=1, cache_flush=False)
+
+
+@pytest.fixture(scope="module")
+def measurer():
+    m = Measurer(_options())
+    task = _task()
+    ok = m.measure(task, [task.space.from_values({"fault": "ok"})], R.current_target())
+    assert [r.error for r in ok] == [R.NO_ERROR], ok[0].error_msg       # workers up, kernel cached
+    yield m
+    m.close()
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f != "ok"])
+def test_each_failure_is_recorded_with_its_own_code_and_never_applied(measurer, fault):
+    task, target = _task(), R.current_target()
+    builder, runner = measurer.builders[0].pid, measurer.runner.pid
+    configs = [task.space.from_values({"fault": fault}), task.space.from_values({"fault": "ok"})]
+    t0 = time.time()
+    bad, ok = measurer.measure(task, configs, target)
+    took = time.time() - t0
+    assert (bad.error, bad.costs, bad.cost, bad.config) == (FAULTS[fault], [], float("inf"), {"fault": fault})
+    # the next candidate, measured by the same measurer, is fine: a dead worker was replaced
+    assert ok.error == R.NO_ERROR and ok.costs and 0 < ok.cost < 1, ok.error_msg
+    restarted_builder = fault in ("build_timeout", "build_crash")
+    restarted_runner = fault in ("run_timeout", "run_crash")
+    assert (measurer.builders[0].pid != builder) == restarted_builder
+    assert (measurer.runner.pid != runner) == restarted_runner
+    if restarted_builder or restarted_runner:
+        assert not _alive(builder if restarted_builder else runner)        # the old one is gone
+    msg = bad.error_msg
+    if fault == "compile_error":
+        assert "no_such_name" in msg
+    elif fault == "wrong_result":
+        assert "max error" in msg
+    elif fault.endswith("timeout"):
+        limit = BUILD_TIMEOUT if fault == "build_timeout" else RUN_TIMEOUT
+        assert f"no answer within {limit:g} s" in msg
+        assert took < limit + 20                     # the timeout was enforced (the fault lasts for ever)
+    elif fault == "build_crash":
+        assert "SIGABRT" in msg and "LLVM ERROR: Symbol not found" in msg
+    elif fault == "run_crash":
+        assert "SIGSEGV" in msg or "SIGBUS" in msg
+    # never applied: not the best, whatever cost a record claims
+    forged = Record(**{**bad.__dict__, "costs": [1e-12]})
+    for recs in ([bad, ok], [forged, ok]):
+        assert best_by_key(recs, target) == {(task.key, FaultyRelu.name): ok}
+        assert ApplyHistoryBest(recs, target=target).query(task.key, FaultyRelu.name) == {"fault": "ok"}
+    assert ApplyHistoryBest([bad, forged], target=target).query(task.key, FaultyRelu.name) is None
+
+def test_tuning_logs_every_failure_and_its_best_is_the_valid_candidate(tmp_path):
+    task, log = _task(QuickFaultyRelu()), str(tmp_path / "faults.jsonl")
+    sched = modelc.tune(None, n_trials=5, log=log, tuner="grid", trials_per_round=5, tasks=[task],
+                        measure_options=_options(), verbose=0)
+    recs = load_records(log)
+    assert sorted((r.config["fault"], r.error) for r in recs) == sorted(
+        (f, FAULTS[f]) for f in QuickFaultyRelu.faults)
+    ok = next(r for r in recs if r.error == R.NO_ERROR)
+    assert sched.best_costs == [ok.cost]
+    with ApplyHistoryBest(log) as best:
+        assert best.query(task.key, QuickFaultyRelu.name) == {"fault": "ok"}
+
 
 # ---- a log shared by concurrent writers ------------------------------------------------------
 
@@ -26,7 +165,7 @@ while time.time() < start:
     time.sleep(0.001)
 with RecordWriter(log) as w:
     for i in range(n):
-        pad = f"{who}{i}." * (2000 + 97 * (i % 40))        # 10-60 KB lines, longer than any pipe buffer
+        pad = f"{who}{i}." * (800 + 97 * (i % 40))        # 4-25 KB lines, longer than a pipe's atomic write
         w.write(Record("k", "d", "t", {"who": who, "i": i, "pad": pad}, [1e-3], 0, "", {}, None, 1.0))
 """
 
@@ -46,7 +185,7 @@ def test_two_processes_appending_to_one_log_lose_and_break_nothing(tmp_path):
     seen = {"a": [], "b": []}
     for r in recs[1:]:
         who, i = r.config["who"], r.config["i"]
-        assert r.config["pad"] == f"{who}{i}." * (2000 + 97 * (i % 40))    # nothing interleaved
+        assert r.config["pad"] == f"{who}{i}." * (800 + 97 * (i % 40))     # nothing interleaved
         seen[who].append(i)
     assert seen == {"a": list(range(n)), "b": list(range(n))}             # each writer's order kept
     a_pos = [k for k, r in enumerate(recs) if r.config.get("who") == "a"]

@@ -8,53 +8,106 @@ errors, timeouts and wrong results, each with its own code - becomes a record.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 
+from ..errors import ModelcError
 from . import records as R
+
+TIMEOUT = "timeout"
 
 
 class Worker:
-    """One long-lived worker process speaking JSON lines; restarted after a timeout or crash."""
+    """One long-lived worker process speaking JSON lines; restarted after a timeout or crash.
 
-    def __init__(self):
+    A new process first answers a ping (its imports done) within `start_timeout`, so a
+    candidate's timeout counts only its own work, never the worker's start-up.
+    """
+
+    def __init__(self, start_timeout: float = 120.0):
         self.proc = None
+        self.start_timeout = start_timeout
+        self._stderr: collections.deque = collections.deque(maxlen=20)
+        self._drainer = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
 
     def _start(self):
         # the reference check runs numpy; BLAS threads left spinning after it would steal the
         # cores from the kernel being timed (the first candidate of each task read 2-10x slow)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "modelc.tune.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     bufsize=1, env=env)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     bufsize=1, env=env, errors="replace")
+        self._stderr = collections.deque(maxlen=20)        # its last lines say why it died
+        self._drainer = threading.Thread(target=_drain, args=(self.proc.stderr, self._stderr), daemon=True)
+        self._drainer.start()
+        answer, failure = self._ask({"op": "ping", "path": sys.path}, self.start_timeout)
+        if answer is None:
+            raise ModelcError(f"a measurement worker ({sys.executable} -m modelc.tune.worker) did not start: "
+                              f"{'no answer within %g s' % self.start_timeout if failure == TIMEOUT else failure}")
 
-    def call(self, request: dict, timeout: float) -> dict | None:
-        """The worker's answer, or None if it timed out or died (it is then restarted)."""
+    def call(self, request: dict, timeout: float) -> tuple[dict | None, str]:
+        """(answer, "") or (None, why there is none): TIMEOUT, or how the worker died. Either way
+        the worker is gone and the next call starts a new one (ModelcError if it cannot start)."""
         if self.proc is None or self.proc.poll() is not None:
-            self._start()
-        answer = []
-
-        def read():
-            answer.append(self.proc.stdout.readline())
-
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
             self.close()
-            return None
-        t = threading.Thread(target=read, daemon=True)
+            self._start()
+        return self._ask(request, timeout)
+
+    def _ask(self, request: dict, timeout: float) -> tuple[dict | None, str]:
+        proc, answer = self.proc, []
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None, self._died(proc)
+        t = threading.Thread(target=lambda: answer.append(proc.stdout.readline()), daemon=True)
         t.start()
         t.join(timeout)
-        if t.is_alive() or not answer or not answer[0]:
+        if t.is_alive():
             self.close()
-            return None
-        return json.loads(answer[0])
+            return None, TIMEOUT
+        if not answer or not answer[0]:
+            return None, self._died(proc)
+        try:
+            res = json.loads(answer[0])
+            if not isinstance(res, dict) or not isinstance(res.get("error"), int):
+                raise ValueError("not an answer")
+        except ValueError:
+            self.close()
+            return None, f"the worker answered {answer[0][:200]!r}"
+        return res, ""
+
+    def _died(self, proc) -> str:
+        """How the worker died (it is then cleaned up): exit status and its last stderr lines."""
+        try:
+            code = proc.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        if self._drainer is not None:
+            self._drainer.join(1.0)          # its last stderr lines
+        self.close()
+        if code is None:
+            how = "closed its output"
+        elif code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        else:
+            how = f"exited with status {code}"
+        tail = " | ".join(ln.strip() for ln in list(self._stderr)[-5:] if ln.strip())
+        return f"the worker process {how}" + (f"; its stderr ended: {tail}" if tail else "")
 
     def close(self):
         if self.proc is not None:
@@ -63,7 +116,20 @@ class Worker:
                 self.proc.wait(5)
             except Exception:
                 pass
+            for f in (self.proc.stdin, self.proc.stdout):
+                try:
+                    f.close()
+                except Exception:
+                    pass
             self.proc = None
+
+
+def _drain(stream, tail):
+    try:
+        for line in stream:
+            tail.append(line[:500])
+    except (OSError, ValueError):
+        pass
 
 
 @dataclass
@@ -86,16 +152,25 @@ class Measurer:
         self.runner = Worker()
 
     def measure(self, task, configs: list, target: dict) -> list:
-        """Records (one per config) for candidates of `task` (has .key, .desc, .template, .workload)."""
+        """Records (one per config) for candidates of `task` (has .key, .desc, .template, .workload).
+
+        A build that does not answer within `build_timeout` is BUILD_TIMEOUT, a run past
+        `run_timeout` RUN_TIMEOUT; a builder that dies (an LLVM abort) is COMPILE_ERROR, a runner
+        that dies (a kernel's stray write) RUNTIME_ERROR, each naming the signal; the worker is
+        killed if need be and a new one started for the next candidate.
+        """
+        module = type(task.template).__module__
         reqs = [{"op": "build", "key": task.key, "workload": task.workload, "template": task.template.name,
-                 "config": c.values} for c in configs]
-        built = [None] * len(reqs)
+                 "module": module, "config": c.values} for c in configs]
+        built: list = [None] * len(reqs)
+        raised: list = []
 
         def build_some(worker, idxs):
-            for i in idxs:
-                t0 = time.time()
-                res = worker.call(reqs[i], self.opt.build_timeout)
-                built[i] = (res, time.time() - t0)
+            try:
+                for i in idxs:
+                    built[i] = worker.call(reqs[i], self.opt.build_timeout)
+            except BaseException as e:          # a worker that cannot start: the caller is told
+                raised.append(e)
 
         n = len(self.builders)
         threads = [threading.Thread(target=build_some, args=(self.builders[k], range(k, len(reqs), n)))
@@ -104,21 +179,30 @@ class Measurer:
             th.start()
         for th in threads:
             th.join()
+        if raised:
+            raise raised[0]
         out = []
-        for req, (res, _) in zip(reqs, built):
+        for req, (res, failure) in zip(reqs, built):
             if res is None:
-                res = {"error": R.BUILD_TIMEOUT, "msg": f"no answer within {self.opt.build_timeout} s"}
+                res = _failure("build", failure, self.opt.build_timeout, R.BUILD_TIMEOUT, R.COMPILE_ERROR)
             elif res["error"] == R.NO_ERROR:
                 run = dict(req, op="run", number=self.opt.number, repeat=self.opt.repeat,
                            min_repeat_ms=self.opt.min_repeat_ms, tolerance=self.opt.tolerance,
                            cache_flush=self.opt.cache_flush)
-                res = self.runner.call(run, self.opt.run_timeout) or {
-                    "error": R.RUN_TIMEOUT, "msg": f"no answer within {self.opt.run_timeout} s"}
+                res, failure = self.runner.call(run, self.opt.run_timeout)
+                if res is None:
+                    res = _failure("run", failure, self.opt.run_timeout, R.RUN_TIMEOUT, R.RUNTIME_ERROR)
             out.append(R.Record(task.key, task.desc, task.template.name, req["config"],
-                                res.get("costs", []), res["error"], res.get("msg", ""), target,
-                                task.workload, time.time()))
+                                res.get("costs", []) if res["error"] == R.NO_ERROR else [], res["error"],
+                                res.get("msg", ""), target, task.workload, time.time()))
         return out
 
     def close(self):
         for w in self.builders + [self.runner]:
             w.close()
+
+
+def _failure(stage: str, failure: str, timeout: float, timeout_code: int, crash_code: int) -> dict:
+    if failure == TIMEOUT:
+        return {"error": timeout_code, "msg": f"no answer within {timeout:g} s: the {stage} worker was killed"}
+    return {"error": crash_code, "msg": f"{stage} crashed: {failure}"}

@@ -6,23 +6,51 @@ happen in a worker of their own, one candidate at a time, so compiles never dist
 """
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import sys
 import time
 import traceback
 
 
+def _template(name: str, module: str | None):
+    """A registered template; one registered outside modelc is found by importing its module."""
+    from ..errors import ModelcError
+    from ..kernels.template import get
+    try:
+        return get(name)
+    except ModelcError:
+        if not module or module == "__main__" or module in sys.modules:
+            raise
+    importlib.import_module(module)
+    return get(name)
+
+
+def _ping(req: dict) -> dict:
+    """The first request of a new worker: the parent's import path (as multiprocessing's spawn
+    passes it, so templates registered in the parent's own modules can be imported here), and
+    every import a measurement needs, done before any candidate's timeout starts."""
+    for p in req.get("path", []):
+        if isinstance(p, str) and p not in sys.path:
+            sys.path.append(p)
+    from ..kernels import cache, templates, testing  # noqa: F401
+    from . import cache_flush  # noqa: F401
+    return {"error": 0, "pid": os.getpid()}
+
+
 def _handle(req: dict, refs: dict) -> dict:
     from ..kernels import cache, testing
-    from ..kernels.template import get
     from ..kernels.workload import Workload
     from . import cache_flush
     from . import records as R
 
-    wl = Workload(req["workload"])
-    tpl = get(req["template"])
-    cfg = tpl.space(wl).from_values(req["config"])
-    try:
+    if req["op"] == "ping":
+        return _ping(req)
+    try:                                  # a config the template cannot instantiate fails its build
+        wl = Workload(req["workload"])
+        tpl = _template(req["template"], req.get("module"))
+        cfg = tpl.space(wl).from_values(req["config"])
         kernel = tpl.build(wl, cfg)
         fn = cache.load(kernel.source)
     except Exception as e:
@@ -57,15 +85,23 @@ def _handle(req: dict, refs: dict) -> dict:
 
 
 def main():
+    # Answers go to a private copy of stdout; anything else that writes to fd 1 (a print in a
+    # template, numba or LLVM diagnostics) lands in stderr instead of breaking the protocol.
+    answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     refs: dict = {}
     for line in sys.stdin:
+        req: dict = {}
         try:
             req = json.loads(line)
             res = _handle(req, refs)
         except Exception:
-            res = {"error": 2, "msg": traceback.format_exc()[-500:]}
-        sys.stdout.write(json.dumps(res) + "\n")
-        sys.stdout.flush()
+            from . import records as R
+            res = {"error": R.COMPILE_ERROR if req.get("op") == "build" else R.RUNTIME_ERROR,
+                   "msg": traceback.format_exc()[-500:]}
+        answers.write(json.dumps(res) + "\n")
+        answers.flush()
 
 
 if __name__ == "__main__":
