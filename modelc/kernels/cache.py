@@ -7,13 +7,18 @@ worker processes (spawned, so they start clean); the parent then only loads them
 """
 from __future__ import annotations
 
+import atexit
 import glob
 import hashlib
 import importlib.util
+import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 from . import _prefer_wide_vectors  # noqa: F401  (numba must start with our CPU features)
 import numba  # noqa: E402
@@ -125,37 +130,183 @@ def load(source: str) -> launch.CompiledKernel:
     return _kernel(_module(source))
 
 
-def _compile_in_subprocesses(paths: list, jobs: int, progress=None, timeout=None):
-    """Compile kernel files in `jobs` fresh interpreters (no fork of a process with threads)."""
-    chunks = [paths[k::jobs] for k in range(jobs)]
-    procs = []
-    for chunk in chunks:
-        if not chunk:
-            continue
-        code = ("import sys\nfrom modelc.kernels.cache import _import\n"
-                "for p in sys.argv[1:]:\n"
-                "    try:\n        _import(p)\n    except Exception:\n        pass\n"
-                "    print(p, flush=True)\n")
-        procs.append(subprocess.Popen([sys.executable, "-c", code, *chunk], stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True))
-    for proc in procs:
-        for _ in proc.stdout:
-            if progress is not None:
-                progress()
-        proc.wait(timeout=timeout)
+_WORKER = """\
+import json, select, sys
+from modelc.kernels.cache import _import, _kernel
+while select.select([sys.stdin], [], [], float(sys.argv[1]))[0]:   # idle too long: exit
+    p = sys.stdin.readline().rstrip("\\n")
+    if not p:
+        break
+    print("start", p, flush=True)
+    try:
+        _kernel(_import(p))          # as the caller will: the machine code linked, the driver too
+    except Exception as e:
+        c = e.__cause__ or e
+        print("error", p, json.dumps(f"{type(c).__name__}: {c}"[:4000]), flush=True)
+    else:
+        print("ok", p, flush=True)
+"""
+WORKER_IDLE_S = 60.0        # a compile worker left idle this long exits (the next compile starts one)
+WORKER_MAX_KERNELS = 300    # and one is replaced after this many kernels (it keeps what it compiled)
 
 
-def compile_all(sources: list[str], jobs: int | None = None, progress=None) -> list:
-    """Load many kernels, compiling the cold ones in parallel worker processes first.
+class _Worker:
+    """A compile worker process: kernel file paths in on stdin, one answer line each out."""
 
-    Errors are not reported by the workers: a kernel that failed there is compiled again here,
-    where its error surfaces with the kernel's name.
+    def __init__(self):
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-c", _WORKER, str(WORKER_IDLE_S)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+                                     text=True, bufsize=1)
+        self.count = 0
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None and self.count < WORKER_MAX_KERNELS
+
+    def compile(self, path: str, timeout: float | None) -> tuple[str, str]:
+        """("ok", ""), ("error", message), ("died", how) or ("gone", "") if it exited idle."""
+        self.count += 1
+        pos = self.err.seek(0, os.SEEK_END)
+        timer = threading.Timer(timeout, self.proc.kill) if timeout else None
+        started = False
+        try:
+            self.proc.stdin.write(path + "\n")
+            self.proc.stdin.flush()
+            if timer:
+                timer.start()
+            for line in self.proc.stdout:
+                kind, _, rest = line.rstrip("\n").partition(" ")
+                if kind == "start":
+                    started = True
+                elif kind == "ok":
+                    return "ok", ""
+                elif kind == "error":
+                    return "error", json.loads(rest.partition(" ")[2])
+        except (BrokenPipeError, OSError):
+            pass
+        finally:
+            if timer:
+                timer.cancel()
+        rc = self.proc.wait()
+        if not started:
+            return "gone", ""
+        how = (f"killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
+               else f"exit status {rc}")
+        if timer and not timer.is_alive() and rc < 0:
+            how += f" (timeout {timeout:g} s)"
+        self.err.seek(pos)
+        tail = " ".join(self.err.read()[-2000:].split())
+        return "died", how + (f": {tail}" if tail else "")
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.err.close()
+
+
+_workers: list = []
+_workers_lock = threading.Lock()
+
+
+def _compile_in_subprocesses(paths: list, jobs: int, progress=None, timeout=None,
+                             names: dict | None = None):
+    """Compile kernel files in up to `jobs` worker processes; a ModelcError for any that failed.
+
+    Workers are fresh interpreters (never a fork of a process with threads) kept for the next
+    compile. A worker that dies while compiling (an LLVM fatal error aborts its process with
+    SIGABRT) or overruns `timeout` seconds for one kernel is blamed on that kernel, which the
+    error names (with `names[path]`, the caller's description); the worker is replaced.
+    """
+    names = names or {}
+    todo = list(paths)
+    failures = []
+
+    def serve(slot):
+        while True:
+            with _workers_lock:
+                if not todo:
+                    return
+                path = todo.pop(0)
+                w = _workers[slot]
+                if w is None or not w.alive():
+                    if w is not None:
+                        w.close()
+                    w = _workers[slot] = _Worker()
+            status, msg = w.compile(path, timeout)
+            if status == "gone":                    # it had just exited idle: once more, anew
+                with _workers_lock:
+                    w.close()
+                    w = _workers[slot] = _Worker()
+                status, msg = w.compile(path, timeout)
+            if status == "ok":
+                if progress is not None:
+                    progress()
+            elif status == "error":
+                failures.append(f"{_what(path, names)} failed to compile: {msg}")
+            else:
+                failures.append(f"compiling {_what(path, names)} killed its worker process "
+                                f"({msg or 'it exited'})")
+
+    with _compile_lock:
+        with _workers_lock:
+            while len(_workers) < jobs:
+                _workers.append(None)
+        threads = [threading.Thread(target=serve, args=(k,), daemon=True) for k in range(1, jobs)]
+        for t in threads:
+            t.start()
+        serve(0)
+        for t in threads:
+            t.join()
+    if failures:
+        raise ModelcError("; ".join(failures))
+
+
+_compile_lock = threading.Lock()    # one compile at a time drives the workers
+
+
+@atexit.register
+def _close_workers():
+    for w in _workers:
+        if w is not None:
+            w.close()
+
+
+def _what(path: str, names: dict) -> str:
+    base = f"kernel {os.path.basename(path)}"
+    return f"{base} ({names[path]})" if names.get(path) else base
+
+
+def compile_all(sources: list[str], jobs: int | None = None, progress=None,
+                names: list | None = None, timeout: float | None = None) -> list:
+    """Load many kernels; cold ones are compiled first in worker processes, never in this one.
+
+    Why a worker even for one cold kernel: LLVM reports some failures (a runtime symbol numba
+    does not link, such as `__powidf2`) by aborting the process, which no `except` can catch; in
+    a worker that costs the worker, and the caller gets a ModelcError naming the kernel and
+    `names[i]` (its op, node or pattern, as the caller describes source i). The price is one
+    interpreter with numba imported (about 1 s on 2 cores) when no worker is running; workers are
+    kept for the next compile (until idle for WORKER_IDLE_S), so a tiny kernel then costs what it
+    costs in-process plus loading it from numba's cache. Warm kernels (in numba's on-disk cache)
+    are only loaded, here, with no worker. Cold kernels compile in up to `jobs` workers at once
+    (default: the CPU count).
     """
     paths = [source_path(s) for s in sources]
     for p, s in zip(paths, sources):
         _write(p, s)
     cold = sorted({p for p in paths if not is_compiled(p) and p not in _loaded})
-    jobs = min(jobs or os.cpu_count() or 1, len(cold))
-    if len(cold) > 1 and jobs > 1:
-        _compile_in_subprocesses(cold, jobs, progress)
+    if cold:
+        jobs = max(1, min(jobs or os.cpu_count() or 1, len(cold)))
+        labels = {}
+        for p, n in zip(paths, names or []):
+            labels.setdefault(p, n)
+        _compile_in_subprocesses(cold, jobs, progress, timeout, labels)
     return [_kernel(_import(p)) for p in paths]

@@ -44,11 +44,13 @@ def _f(dtype, x):
     return lit(x, dtype)
 
 
-def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None) -> str:
+def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
+         arg_dtypes: list | None = None) -> str:
     """Expression of `op` applied to operand expressions `args` (result of dtype `dtype`).
 
     `consts` maps an operand position to its constant value when the operand is a literal
-    scalar, so ops can specialise (x ** 2 -> x * x, Clip bounds).
+    scalar, so ops can specialise (x ** 2 -> x * x, Clip bounds). `arg_dtypes`, where the caller
+    knows them, are the operands' dtypes (Pow's exponent may differ from its base).
     """
     consts = consts or {}
     dt = np.dtype(dtype)
@@ -116,12 +118,7 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None) ->
             return f"{ctor(dt)}(int({args[0]} / {args[1]}))"
         return f"({args[0]} {binary[op]} {args[1]})"
     if op == "Pow":
-        e = consts.get(1)
-        if e is not None and float(e) == 2.0:
-            return f"({a} * {a})"
-        if e is not None and float(e) == 0.5:
-            return f"math.sqrt({a})"
-        return f"({a} ** {args[1]})"
+        return _pow(a, args[1], dt, consts.get(1), (arg_dtypes or [None, None])[1])
     if op == "PRelu":
         return f"({a} if {a} >= {L(0)} else {a} * {args[1]})"
     cmp = {"Equal": "==", "Greater": ">", "Less": "<", "GreaterOrEqual": ">=", "LessOrEqual": "<="}
@@ -132,6 +129,30 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None) ->
     if op == "Where":
         return f"({args[1]} if {args[0]} else {args[2]})"
     raise ModelcError(f"no elementwise kernel expression for op {op}")
+
+
+def _pow(a: str, b: str, dt: np.dtype, e, edt) -> str:
+    """ONNX Pow (the result has the base's type) as code numba lowers on any CPU.
+
+    With fast-math (`afn`), LLVM rewrites pow(x, (float)n) for an integer n of 32 bits or less
+    into `llvm.powi`, which calls compiler-rt's `__powisf2` / `__powidf2`; numba does not link
+    them and LLVM aborts the process ("Symbol not found"). So pow goes through `pow_exact`
+    (POW_EXACT: compiled without fast-math) with the exponent cast to the base's float type; an
+    integer base with an integer exponent uses numba's exact int64 power.
+    """
+    if e is not None and dt.kind == "f" and float(e) == 2.0:
+        return f"({a} * {a})"
+    if e is not None and dt.kind == "f" and float(e) == 0.5:
+        return f"math.sqrt({a})"
+    if dt.kind == "f":
+        return f"pow_exact({a}, {ctor(dt)}({b}))"
+    if edt is None and e is not None:
+        edt = e.dtype
+    if edt is not None and np.dtype(edt).kind in "iub":
+        # a negative exponent: 1 / a ** -b truncated (numpy's float path, then the cast)
+        return (f"({ctor(dt)}(np.int64({a}) ** np.int64({b})) if np.int64({b}) >= 0 else "
+                f"{ctor(dt)}(np.float64(1.0) / pow_exact(np.float64({a}), np.float64(-np.int64({b})))))")
+    return f"{ctor(dt)}(pow_exact(np.float64({a}), np.float64({b})))"
 
 
 SUPPORTED = {"Relu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Sin", "Cos", "Floor", "Ceil",
@@ -160,4 +181,13 @@ FAST_SIGMOID = [
     "    p = p * r + np.float32(5.0000001201e-1)",
     "    e = (p * r * r + r + np.float32(1.0)) * f32_from_bits(np.int32(t * np.float32(8388608.0) + np.float32(1065353216.0)))",
     "    return np.float32(1.0) / (np.float32(1.0) + e)",
+]
+
+
+# Pow without fast-math (see `_pow`): LLVM keeps the call to libm's pow, which numba links.
+POW_EXACT = [
+    "",
+    "@numba.njit(fastmath=False)",
+    "def pow_exact(x, y):",
+    "    return x ** y",
 ]

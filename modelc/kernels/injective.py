@@ -118,7 +118,8 @@ class _Gen:
                 sub = broadcast_index(self.shape(arg), out_shape, idx)
                 exprs.append(self.value(arg, sub, lines, ind, memo))
             name = self.fresh()
-            lines.append(f"{ind}{name} = {emit(op.op, exprs, op.attrs, dtype, consts)}")
+            arg_dtypes = [self.wl.spec(arg).dtype if arg else None for arg in a]
+            lines.append(f"{ind}{name} = {emit(op.op, exprs, op.attrs, dtype, consts, arg_dtypes)}")
             return name
         x = a[0]
         in_shape = self.shape(x)

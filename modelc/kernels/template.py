@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ModelcError
-from .expr import FAST_SIGMOID, ctor, emit, lit
+from .expr import FAST_SIGMOID, POW_EXACT, ctor, emit, lit
 from .layout import offset
 from .space import Config, ConfigSpace
 from .workload import Workload
@@ -103,6 +103,8 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
     sig = ", ".join(f"types.CPointer(types.{_NB[np.dtype(d).name]}), types.intp" for d in dtypes)
     if any("fast_sigmoid32(" in ln for ln in body):
         extra = [*extra, *FAST_SIGMOID]
+    if any("pow_exact(" in ln for ln in body):
+        extra = [*extra, *POW_EXACT]
     out = ["import math", "import numpy as np", "import numba", "from numba import carray, prange, types",
            "from modelc.kernels.launch import NoAliasCompiler",
            "from modelc.kernels.stack import stack_empty", *extra, "",
@@ -158,8 +160,10 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
     """
     lines, names = [], {start_ref: value}
     for j, op in enumerate(ops):
-        exprs, consts = [], {}
+        exprs, consts, dts = [], {}, []
         for pos, a in enumerate(op.args):
+            dts.append(wl.inputs[int(a[1:])].dtype if a.startswith("i") and a not in names else
+                       np.dtype(dtype))
             if not a:
                 exprs.append("")
             elif a in names:
@@ -178,7 +182,7 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
             else:
                 raise ModelcError(f"epilogue operand {a} is not available")
         name = f"{var}{j}"
-        lines.append(f"{name} = {emit(op.op, exprs, op.attrs, dtype, consts)}")
+        lines.append(f"{name} = {emit(op.op, exprs, op.attrs, dtype, consts, dts)}")
         names[f"v{op.index}"] = name
     return lines, names.get(f"v{ops[-1].index}", value) if ops else value
 
