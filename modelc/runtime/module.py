@@ -86,7 +86,9 @@ class Module:
             cfg = sp.from_values(s["config"]) if s["config"] is not None else tpl.default_config(wl, sp)
             kernels.append(tpl.build(wl, cfg))
         sources = [k.source for k in kernels if k is not None and k.source is not None]
-        fns = iter(cache.compile_all(sources, jobs=jobs, progress=progress))
+        names = [f"op {s['pattern']} ({s.get('desc', '')}) of the node writing {', '.join(map(repr, s['outputs']))}"
+                 for s, k in zip(steps, kernels) if k is not None and k.source is not None]
+        fns = iter(cache.compile_all(sources, jobs=jobs, progress=progress, names=names))
         self.fallbacks = [s["pattern"] for s, k in zip(steps, kernels) if k is not None and k.source is None]
 
         data = {n: (t["shape"], t["dtype"], tuple(t["layout"]) if t["layout"] else None)
