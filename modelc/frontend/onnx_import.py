@@ -8,6 +8,7 @@ are static, so a disagreement surfaces at import rather than as a wrong answer l
 """
 from __future__ import annotations
 
+import operator
 import os
 import warnings
 
@@ -20,6 +21,7 @@ from ..errors import ModelcError, ModelLoadError, ShapeError, UnsupportedOpError
 from ..ir import Graph, Node, Tensor
 from . import converters as conv
 from . import legacy  # noqa: F401  (registers the opset converters)
+from .validate import check_node, check_text, check_types, schema
 
 ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -170,6 +172,7 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
     exported model) - the command line uses 1.
     """
     proto = load_model(model)
+    check_text(proto)
     if proto.functions:
         try:
             proto = onnx.inliner.inline_local_functions(proto)
@@ -178,12 +181,14 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
     if check:
         try:
             onnx.checker.check_model(proto)
-        except onnx.checker.ValidationError as e:
+        except Exception as e:   # the checker is advice only: modelc's own checks follow
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             warnings.warn(f"onnx.checker rejects the model ({first}); importing anyway", stacklevel=2)
     opset = model_opset(proto)
     g = proto.graph
     _check_supported(g, opset)
+    for i, n in enumerate(g.node):
+        check_node(n, i, opset)
 
     graph = Graph(g.name or "graph")
     graph.opset = opset
@@ -191,10 +196,13 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
 
     init_names = set()
     for init in g.initializer:
-        graph.add_const(init.name, numpy_helper.to_array(init))
+        graph.add_const(init.name, _initializer(init))
         init_names.add(init.name)
     for sp in g.sparse_initializer:
-        graph.add_const(sp.values.name, _sparse_to_dense(sp))
+        try:
+            graph.add_const(sp.values.name, _sparse_to_dense(sp))
+        except Exception as e:
+            raise ModelLoadError(f"sparse initializer {sp.values.name!r} is malformed: {e}") from None
         init_names.add(sp.values.name)
 
     bound = _bind_inputs(g, init_names, shape or {}, default_batch)
@@ -215,6 +223,7 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
                 raise ModelLoadError(f"{node.where()} reads tensor {inp!r}, which is neither a graph "
                                      "input, an initializer nor the output of an earlier node "
                                      "(the nodes may not be in topological order)")
+        check_types(n, i, opset, [graph.tensors[t].dtype if t else None for t in node.inputs])
         ctx.current = node
         conv.lookup(n.op_type, opset)(ctx, node)
         ctx.current = None
@@ -230,14 +239,36 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
     return graph
 
 
+def _initializer(init: onnx.TensorProto) -> np.ndarray:
+    """An initializer's value; its declared dims must match its data."""
+    where = f"initializer {init.name!r}"
+    if any(d < 0 for d in init.dims):
+        raise ModelLoadError(f"{where} has a negative dimension in its shape {list(init.dims)}")
+    if init.data_location == onnx.TensorProto.EXTERNAL:
+        raise ModelLoadError(f"{where} keeps its data in an external file; load the model from its "
+                             "path (with its data files next to it)")
+    dtype = _np_dtype(init.data_type, where)
+    if dtype.kind not in "biuf":
+        raise ModelcError(f"{where} has element type {dtype}, which modelc does not support")
+    try:
+        value = numpy_helper.to_array(init)
+    except Exception:
+        raise ModelLoadError(f"{where} is malformed: its data does not fill its declared shape "
+                             f"{list(init.dims)} of {onnx.TensorProto.DataType.Name(init.data_type)}") from None
+    if tuple(value.shape) != tuple(init.dims):
+        raise ModelLoadError(f"{where} has {value.size} values for its declared shape {list(init.dims)}")
+    return value
+
+
 def _check_supported(g: onnx.GraphProto, opset: int):
     """Raise one error listing every op type the model uses that modelc cannot import."""
     missing: dict[str, list[str]] = {}
     for i, n in enumerate(g.node):
         if n.domain not in ONNX_DOMAINS:
             key = f"{n.domain}.{n.op_type}"
-        elif n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY:
-            continue
+        elif (n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY) and \
+                schema(n.op_type, n.domain, opset) is not None:
+            continue      # (internal ops such as Dense are modelc's, not ONNX's)
         else:
             key = n.op_type
         missing.setdefault(key, []).append(n.name or f"#{i}")
@@ -249,6 +280,11 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_ba
     """Concrete (shape, dtype) of every real graph input (initializers listed as inputs excluded)."""
     real = [i for i in g.input if i.name not in init_names]
     names = [i.name for i in real]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ModelLoadError(f"graph input(s) {dup} are listed more than once")
+    if not isinstance(override, dict):
+        raise ShapeError(f"shape= must map input names to shapes, got {type(override).__name__}")
     for k in override:
         if k not in names:
             raise ShapeError(f"shape override for {k!r}, but the model's inputs are {names}")
@@ -259,10 +295,17 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_ba
             raise ModelcError(f"graph input {inp.name!r} is not a tensor (sequence or map inputs "
                               "are not supported)")
         dtype = _np_dtype(tt.elem_type, f"graph input {inp.name!r}")
+        if dtype.kind not in "biuf":
+            raise ModelcError(f"graph input {inp.name!r} has element type {dtype}, which modelc does "
+                              "not support")
         dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                 for d in tt.shape.dim] if tt.HasField("shape") else None
         if inp.name in override:
-            shp = tuple(int(d) for d in override[inp.name])
+            try:
+                shp = tuple(int(operator.index(d)) for d in override[inp.name])
+            except TypeError:
+                raise ShapeError(f"shape override {override[inp.name]!r} for input {inp.name!r} is not "
+                                 "a sequence of integers") from None
             if dims is not None and len(dims) != len(shp):
                 raise ShapeError(f"shape override {list(shp)} for input {inp.name!r} has rank "
                                  f"{len(shp)}, but the model declares rank {len(dims)} ({dims})")
@@ -277,7 +320,11 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_ba
         else:
             if default_batch and dims and not (isinstance(dims[0], int) and dims[0] > 0):
                 dims = [default_batch] + dims[1:]
-            if dims is None or any(not isinstance(d, int) or d <= 0 for d in dims):
+            hint = f"pass concrete shapes, e.g. shape={{{inp.name!r}: (1, ...)}}"
+            if dims is not None and any(isinstance(d, int) and d < 0 for d in dims):
+                raise ShapeError(f"input {inp.name!r} declares shape {dims} with a negative dimension; "
+                                 f"if it stands for an unknown size, {hint}")
+            if dims is None or any(not isinstance(d, int) for d in dims):
                 raise ShapeError(
                     f"input {inp.name!r} has shape {dims} with unknown dimensions; pass concrete "
                     f"shapes, e.g. shape={{{inp.name!r}: (1, ...)}}")
@@ -286,7 +333,23 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_ba
     return bound
 
 
+def _static_dims(vi):
+    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+    return None if None in dims else dims
+
+
 def _compare_with_onnx_inference(proto, bound: dict, graph: Graph):
+    declared = set()
+    for out in proto.graph.output:
+        dims, t = _static_dims(out), graph.tensors.get(out.name)
+        if dims is None or t is None or t.shape is None:
+            continue
+        declared.add(out.name)
+        if tuple(dims) != tuple(t.shape):
+            raise ShapeError(f"graph output {out.name!r}: the model declares shape {dims}, but its "
+                             f"inputs give {list(t.shape)}")
     m = onnx.ModelProto()
     m.CopyFrom(proto)
     for inp in m.graph.input:
@@ -302,6 +365,8 @@ def _compare_with_onnx_inference(proto, bound: dict, graph: Graph):
     except Exception:
         return   # ONNX's inference has gaps; ours is authoritative, this is only a cross-check
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        if vi.name in declared:
+            continue
         t = graph.tensors.get(vi.name)
         if t is None or t.shape is None or not vi.type.HasField("tensor_type"):
             continue

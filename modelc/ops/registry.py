@@ -14,6 +14,7 @@ would): fine for cheap data-movement ops, never used for the heavy ones, which a
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -75,6 +76,20 @@ def supported_ops() -> list[str]:
     return sorted(REGISTRY)
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _reason(e: Exception) -> str:
+    """An exception as a message: a ValueError that modelc's own checks raised is their text; a
+    foreign one (numpy's, or a bug) keeps its type, which says where to look."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    own = tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE)
+    ours = type(e) is ValueError or (isinstance(e, ValueError) and type(e).__module__.startswith("modelc"))
+    return str(e) if own and ours else f"{type(e).__name__}: {e}"
+
+
 def evaluate(node: Node, inputs: list) -> list[np.ndarray]:
     """Run the reference implementation of one node; errors name the node."""
     op = get(node.op_type)
@@ -83,8 +98,7 @@ def evaluate(node: Node, inputs: list) -> list[np.ndarray]:
     except ModelcError:
         raise
     except Exception as e:  # a numpy failure here is a bad model or a bug: say which node
-        raise ModelcError(f"{node.where()} failed in the reference executor: "
-                          f"{type(e).__name__}: {e}") from e
+        raise ModelcError(f"{node.where()} failed in the reference executor: {_reason(e)}") from e
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     return [np.asarray(o) for o in outs]
 
@@ -119,12 +133,16 @@ def infer(node: Node, ins: list[Tensor | None]) -> list[Tensor]:
             for name, v in zip(node.outputs, vals):
                 outs.append(Tensor(name, tuple(v.shape), v.dtype,
                                    v if known and v.size <= KNOWN_VALUE_LIMIT else None))
+    except ShapeError as e:
+        if node.where() in str(e):
+            raise
+        raise ShapeError(f"{node.where()}: {e}") from e      # a rule's message, with the node
     except ModelcError:
         raise
     except Exception as e:
         shapes = ", ".join("-" if t is None else f"{t.name}{list(t.shape)}" for t in ins)
         raise ShapeError(f"{node.where()}: cannot infer output shapes from inputs ({shapes}): "
-                         f"{type(e).__name__}: {e}") from e
+                         f"{_reason(e)}") from e
     return outs
 
 

@@ -528,7 +528,12 @@ def _pad_widths(shape, pads, axes=None):
     return widths, out
 
 
+PAD_MODES = ("constant", "reflect", "edge", "wrap")
+
+
 def _pad_infer(x, pads, value=None, axes=None, mode="constant"):
+    if mode not in PAD_MODES:
+        raise ValueError(f"mode {mode!r} is not one of {list(PAD_MODES)}")
     return _pad_widths(x.shape, _known(pads, "pads"), _known(axes, "axes"))[1], x.dtype
 
 
