@@ -71,7 +71,7 @@ class Worker:
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             return None, self._died(proc)
-        t = threading.Thread(target=lambda: answer.append(proc.stdout.readline()), daemon=True)
+        t = threading.Thread(target=_read_line, args=(proc.stdout, answer), daemon=True)
         t.start()
         t.join(timeout)
         if t.is_alive():
@@ -122,6 +122,13 @@ class Worker:
                 except Exception:
                     pass
             self.proc = None
+
+
+def _read_line(stream, answer):
+    try:
+        answer.append(stream.readline())
+    except (OSError, ValueError):             # closed under it: the worker was killed
+        pass
 
 
 def _drain(stream, tail):
