@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from ..errors import ModelcError
 
 
@@ -101,18 +103,22 @@ class ConfigSpace:
         return Config(self, index, vals)
 
     def from_values(self, values: dict) -> "Config":
-        index, mult = 0, 1
+        """The config of these knob values; each must be one of its knob's candidates (of the
+        same type: JSON's 1.0 or true does not stand for the candidate 1), and the config holds
+        the candidates themselves, so a template only ever sees values it declared."""
+        index, mult, chosen = 0, 1, {}
         for k in self.knobs:
             if k.name not in values:
                 raise ModelcError(f"config lacks knob {k.name!r}")
             v = values[k.name]
-            try:
-                i = k.values.index(list(v) if isinstance(v, tuple) else v)
-            except ValueError:
-                raise ModelcError(f"value {v!r} is not a candidate of knob {k.name!r}") from None
+            v = list(v) if isinstance(v, tuple) else v
+            i = next((j for j, c in enumerate(k.values) if _same(c, v)), None)
+            if i is None:
+                raise ModelcError(f"value {v!r} is not a candidate of knob {k.name!r}")
+            chosen[k.name] = k.values[i]
             index += i * mult
             mult *= len(k.values)
-        return Config(self, index, {k.name: values[k.name] for k in self.knobs})
+        return Config(self, index, chosen)
 
     def is_valid(self, cfg: "Config") -> bool:
         return self.constraint is None or bool(self.constraint(cfg))
@@ -126,6 +132,22 @@ class ConfigSpace:
                 if limit and len(out) >= limit:
                     break
         return out
+
+
+def _kind(v) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "bool"
+    if isinstance(v, (int, np.integer)):
+        return "int"
+    if isinstance(v, (float, np.floating)):
+        return "float"
+    return type(v).__name__
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return _kind(a) == _kind(b) and a == b
 
 
 @dataclass

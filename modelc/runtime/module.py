@@ -7,13 +7,16 @@ the templates and loaded from the kernel cache, so `save` writes only data (JSON
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
 import os
 import statistics
+import threading
 import time
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -24,7 +27,25 @@ from ..kernels import templates as _templates  # noqa: F401  (registers the temp
 from ..kernels.layout import from_physical, physical_size, same_as_plain, to_physical
 from ..kernels.template import get as get_template
 from ..kernels.workload import Workload
+from ..validate import DocumentError, check_program
+from .. import memory
 from .plan import plan_buffers
+
+
+def _launch_guard():
+    """A lock around kernel launches when numba's threading layer is not thread-safe."""
+    global _GUARD
+    if _GUARD is None:
+        import numba
+        try:
+            layer = numba.threading_layer()
+        except ValueError:          # no parallel kernel has run yet: serialise until one has
+            return _WORKQUEUE_LOCK
+        _GUARD = _WORKQUEUE_LOCK if layer == "workqueue" else contextlib.nullcontext()
+    return _GUARD
+
+
+_GUARD = None
 
 FORMAT_VERSION = 1
 
@@ -61,59 +82,25 @@ def _sequences(calls: list) -> list:
     return out
 
 
-class Module:
-    def __init__(self, program: dict, constants: dict, jobs: int | None = None, progress=None):
-        if program.get("format") != FORMAT_VERSION:
-            raise ModelcError(f"module format {program.get('format')} is not supported "
-                              f"(this modelc reads format {FORMAT_VERSION})")
-        self.program = program
-        self.constants = constants
-        self.input_specs = program["inputs"]
-        self.output_specs = program["outputs"]
-        tensors = program["tensors"]
-        steps = program["steps"]
-        for s in steps:
-            s["view"] = _is_view(s, tensors)
+class _Context:
+    """One caller's buffers, with the kernels bound to them.
 
-        kernels = []
-        for s in steps:
-            if s["view"]:
-                kernels.append(None)
-                continue
-            wl = Workload(s["workload"])
-            tpl = get_template(s["template"])
-            sp = tpl.space(wl)
-            cfg = sp.from_values(s["config"]) if s["config"] is not None else tpl.default_config(wl, sp)
-            kernels.append(tpl.build(wl, cfg))
-        sources = [k.source for k in kernels if k is not None and k.source is not None]
-        names = [f"op {s['pattern']} ({s.get('desc', '')}) of the node writing {', '.join(map(repr, s['outputs']))}"
-                 for s, k in zip(steps, kernels) if k is not None and k.source is not None]
-        fns = iter(cache.compile_all(sources, jobs=jobs, progress=progress, names=names))
-        self.fallbacks = [s["pattern"] for s, k in zip(steps, kernels) if k is not None and k.source is None]
+    Kernels are bound to buffer addresses once (launch.py), so two calls running at the same time
+    need two sets of buffers: each concurrent `run` takes a context of its own from the module's
+    pool, as each onnxruntime `run` allocates its own intermediate tensors. Weights and compiled
+    kernels are shared; a context costs the module's planned activation memory.
+    """
 
-        data = {n: (t["shape"], t["dtype"], tuple(t["layout"]) if t["layout"] else None)
-                for n, t in tensors.items() if not t.get("const")}
-        plan = plan_buffers([(s["inputs"], s["outputs"], s["view"]) for s in steps], data,
-                            [i["name"] for i in self.input_specs], [o["name"] for o in self.output_specs])
-        self.plan = plan
-        self._buffers = [np.zeros(size, dt) for size, dt in plan.buffers]
+    def __init__(self, mod: "Module"):
+        plan, tensors = mod.plan, mod._tensors
+        self.buffers = [np.zeros(size, dt) for size, dt in plan.buffers]
 
         def buf(name):
-            t = tensors[name]
-            if t.get("const"):      # kernels take writable arrays; constants may be read-only views
-                return np.require(to_physical(constants[name].astype(t["dtype"], copy=False),
-                                              tuple(t["layout"]) if t["layout"] else None),
-                                  requirements=["C", "W"])
-            return self._buffers[plan.tensor_buffer[name]]
+            return mod._const_arrays[name] if name in mod._const_arrays else \
+                self.buffers[plan.tensor_buffer[name]]
 
-        self._calls = []
-        self.step_names = []
-        for s, k in zip(steps, kernels):
-            if k is None:
-                continue
-            fn = k.python if k.source is None else next(fns)
-            consts = {i: constants[n] for i, n in enumerate(s["inputs"]) if tensors[n].get("const")}
-            packed = k.pack(consts) if k.pack else {}
+        self.calls = []
+        for s, k, fn, packed in mod._bound:
             args = []
             for a in k.args:
                 if a.startswith("out"):
@@ -121,24 +108,100 @@ class Module:
                 elif a.startswith("in"):
                     args.append(buf(s["inputs"][int(a[2:])]))
                 else:
-                    args.append(np.require(packed[a], requirements=["C", "W"]))
+                    args.append(packed[a])
             # a generated kernel is bound to its buffers once; a fallback is a Python function
-            self._calls.append(fn.bind(args) if k.source is not None else functools.partial(fn, *args))
+            self.calls.append(fn.bind(args) if k.source is not None else functools.partial(fn, *args))
+        self.program = _sequences(self.calls)
+        self.inputs = [buf(i["name"]) for i in mod.input_specs]
+
+
+# numba's workqueue threading layer (used where neither OpenMP nor TBB is installed) aborts the
+# process when two threads launch parallel kernels at once; the others are thread-safe
+_WORKQUEUE_LOCK = threading.Lock()
+
+
+class Module:
+    def __init__(self, program: dict, constants: dict, jobs: int | None = None, progress=None):
+        if not isinstance(program, dict) or program.get("format") != FORMAT_VERSION:
+            fmt = program.get("format") if isinstance(program, dict) else None
+            raise ModelcError(f"module format {fmt} is not supported "
+                              f"(this modelc reads format {FORMAT_VERSION})")
+        # the program decides what source is generated: nothing is built before it is checked
+        configs = check_program(program, constants)
+        self.program = program
+        self.constants = constants
+        self.input_specs = program["inputs"]
+        self.output_specs = program["outputs"]
+        tensors = program["tensors"]
+        steps = program["steps"]
+        views = [_is_view(s, tensors) for s in steps]
+
+        data = {n: (t["shape"], t["dtype"], tuple(t["layout"]) if t["layout"] else None)
+                for n, t in tensors.items() if not t["const"]}
+        plan = plan_buffers([(s["inputs"], s["outputs"], v) for s, v in zip(steps, views)], data,
+                            [i["name"] for i in self.input_specs], [o["name"] for o in self.output_specs])
+        self.plan = plan
+        holds = {}
+        for n, b in sorted(plan.tensor_buffer.items()):
+            holds.setdefault(b, n)
+        memory.check({f"buffer of {holds.get(k, '?')}": size * dt.itemsize for k, (size, dt) in enumerate(plan.buffers)},
+                     f"module {program['name']!r}")
+
+        kernels = []
+        for s, v, cfg in zip(steps, views, configs):
+            kernels.append(None if v else get_template(s["template"]).build(Workload(s["workload"]), cfg))
+        built = [(s, k) for s, k in zip(steps, kernels) if k is not None]
+        sources = [k.source for _, k in built if k.source is not None]
+        names = [f"op {s['pattern']} ({s.get('desc', '')}) of the node writing {', '.join(map(repr, s['outputs']))}"
+                 for s, k in built if k.source is not None]
+        fns = iter(cache.compile_all(sources, jobs=jobs, progress=progress, names=names))
+        self.fallbacks = [s["pattern"] for s, k in built if k.source is None]
+
+        # kernels take writable arrays; constants may be read-only views
+        self._const_arrays = {
+            n: np.require(to_physical(constants[n].astype(t["dtype"], copy=False),
+                                      tuple(t["layout"]) if t["layout"] else None), requirements=["C", "W"])
+            for n, t in tensors.items() if t["const"]}
+        self._bound = []
+        self.step_names = []
+        for s, k in built:
+            fn = k.python if k.source is None else next(fns)
+            consts = {i: constants[n] for i, n in enumerate(s["inputs"]) if tensors[n]["const"]}
+            packed = {a: np.require(v, requirements=["C", "W"]) for a, v in (k.pack(consts) if k.pack else {}).items()}
+            self._bound.append((s, k, fn, packed))
             self.step_names.append(s["pattern"])
-        self._program = _sequences(self._calls)
-        self._in = [(i["name"], tuple(i["shape"]), np.dtype(i["dtype"]), buf(i["name"]))
-                    for i in self.input_specs]
+        self._in = [(i["name"], tuple(i["shape"]), np.dtype(i["dtype"])) for i in self.input_specs]
         self._out = [(o["name"], tuple(o["shape"]), o) for o in self.output_specs]
         self._tensors = tensors
+        self._pool_lock = threading.Lock()
+        self._free = [_Context(self)]
+        self._contexts = 1
+
+    def _acquire(self) -> _Context:
+        with self._pool_lock:
+            if self._free:
+                return self._free.pop()
+            self._contexts += 1
+        return _Context(self)
+
+    def _release(self, ctx: _Context):
+        with self._pool_lock:
+            self._free.append(ctx)
 
     # ---- running --------------------------------------------------------------------------------
     def run(self, feeds: dict) -> dict:
-        """Outputs for `feeds` ({input name: array}), as {output name: array}."""
+        """Outputs for `feeds` ({input name: array}), as {output name: array}.
+
+        Safe to call from several threads at once: each concurrent call runs in buffers of its own.
+        """
         names = [n for n, *_ in self._in]
-        unknown = sorted(set(feeds) - set(names))
+        if not isinstance(feeds, dict):
+            raise InputError(f"feeds must be a dict of input name -> array; the model's inputs are {names}")
+        unknown = sorted(set(feeds) - set(names), key=str)
         if unknown:
             raise InputError(f"unknown input(s) {unknown}; the model's inputs are {names}")
-        for name, shape, dtype, buf in self._in:
+        xs = []
+        for name, shape, dtype in self._in:
             if name not in feeds:
                 raise InputError(f"missing input {name!r}; the model's inputs are {names}")
             x = np.asarray(feeds[name])
@@ -146,17 +209,24 @@ class Module:
                 raise InputError(f"input {name!r} has shape {list(x.shape)}, expected {list(shape)}")
             if x.dtype != dtype:
                 raise InputError(f"input {name!r} has dtype {x.dtype}, expected {dtype}")
-            np.copyto(buf.reshape(shape), x)
-        for call in self._program:
-            call()
-        out = {}
-        for name, shape, spec in self._out:
-            t = self._tensors[name]
-            if t.get("const"):
-                out[name] = np.array(self.constants[name])
-            else:
-                out[name] = from_physical(self._buffers[self.plan.tensor_buffer[name]], shape,
-                                          tuple(t["layout"]) if t["layout"] else None).copy()
+            xs.append(x)
+        ctx = self._acquire()
+        try:
+            for x, buf in zip(xs, ctx.inputs):
+                np.copyto(buf.reshape(x.shape), x)
+            with _launch_guard():
+                for call in ctx.program:
+                    call()
+            out = {}
+            for name, shape, spec in self._out:
+                t = self._tensors[name]
+                if t["const"]:
+                    out[name] = np.array(self.constants[name])
+                else:
+                    out[name] = from_physical(ctx.buffers[self.plan.tensor_buffer[name]], shape,
+                                              tuple(t["layout"]) if t["layout"] else None).copy()
+        finally:
+            self._release(ctx)
         return out
 
     def __call__(self, *args, **kwargs):
@@ -172,7 +242,7 @@ class Module:
         """Latency statistics in milliseconds over `repeat` runs of `number` calls each."""
         if feeds is None:
             rng = np.random.default_rng(0)
-            feeds = {n: rng.standard_normal(s).astype(d) for n, s, d, _ in self._in}
+            feeds = {n: rng.standard_normal(s).astype(d) for n, s, d in self._in}
         self.run(feeds)
         times = []
         for _ in range(repeat):
@@ -186,23 +256,27 @@ class Module:
 
     def profile(self, repeat: int = 10) -> list:
         """Median milliseconds of each kernel, in run order: where the time goes."""
-        times = [[] for _ in self._calls]
-        for _ in range(repeat):
-            for k, call in enumerate(self._calls):
-                t0 = time.perf_counter()
-                call()
-                times[k].append((time.perf_counter() - t0) * 1e3)
+        ctx = self._acquire()
+        try:
+            times = [[] for _ in ctx.calls]
+            for _ in range(repeat):
+                for k, call in enumerate(ctx.calls):
+                    t0 = time.perf_counter()
+                    with _launch_guard():
+                        call()
+                    times[k].append((time.perf_counter() - t0) * 1e3)
+        finally:
+            self._release(ctx)
         return [(name, statistics.median(ts)) for name, ts in zip(self.step_names, times)]
 
     def memory_report(self) -> dict:
         return {"planned_bytes": self.plan.planned_bytes, "one_buffer_per_tensor_bytes": self.plan.naive_bytes,
-                "buffers": len(self.plan.buffers)}
+                "buffers": len(self.plan.buffers), "contexts": self._contexts}
 
     # ---- persistence ----------------------------------------------------------------------------
     def save(self, path: str):
         """Write the module as data: program JSON and constants in one .npz-style zip."""
-        manifest = {k: v for k, v in self.program.items()}
-        manifest["steps"] = [{k: v for k, v in s.items() if k != "view"} for s in self.program["steps"]]
+        manifest = self.program
         tmp = f"{path}.tmp"
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
             z.writestr("program.json", json.dumps(manifest))
@@ -215,18 +289,29 @@ class Module:
 
 
 def load(path: str, jobs: int | None = None) -> Module:
-    """Read a module written by `Module.save` (its format version is checked)."""
+    """Read a module written by `Module.save`. The file is untrusted data: its size is checked
+    before it is unpacked, and its program is validated (validate.py) before any kernel is built."""
     try:
         with zipfile.ZipFile(path) as z:
+            memory.check({i.filename: i.file_size for i in z.infolist()}, f"module file {path!r}")
             program = json.loads(z.read("program.json"))
             names = json.loads(z.read("const/names.json"))
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise DocumentError("const/names.json: expected a list of tensor names")
             consts = {n: np.lib.format.read_array(io.BytesIO(z.read(f"const/{i}.npy")), allow_pickle=False)
                       for i, n in enumerate(names)}
     except FileNotFoundError:
         raise ModelcError(f"module file {path!r} does not exist") from None
-    except (zipfile.BadZipFile, KeyError, ValueError) as e:
-        raise ModelcError(f"{path!r} is not a modelc module: {e}") from None
-    if program.get("format") != FORMAT_VERSION:
-        raise ModelcError(f"{path!r} has module format {program.get('format')}; this modelc "
+    except DocumentError as e:
+        raise DocumentError(f"{path!r}: {e}") from None
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError, EOFError, RecursionError, zlib.error,
+            NotImplementedError, UnicodeDecodeError) as e:
+        raise ModelcError(f"{path!r} is not a modelc module: {type(e).__name__}: {e}") from None
+    if not isinstance(program, dict) or program.get("format") != FORMAT_VERSION:
+        fmt = program.get("format") if isinstance(program, dict) else None
+        raise ModelcError(f"{path!r} has module format {fmt}; this modelc "
                           f"({__version__}) reads format {FORMAT_VERSION}")
-    return Module(program, consts, jobs=jobs)
+    try:
+        return Module(program, consts, jobs=jobs)
+    except DocumentError as e:
+        raise DocumentError(f"{path!r}: {e}") from None

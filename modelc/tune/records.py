@@ -22,6 +22,7 @@ except ImportError:                   # not POSIX: single O_APPEND writes only
 
 from .. import __version__
 from ..errors import ModelcError
+from ..validate import check_config, check_record
 from . import dispatch
 
 RECORD_VERSION = 1
@@ -93,6 +94,7 @@ class Record:
         d = json.loads(line)
         if not isinstance(d, dict) or d.get("v") != RECORD_VERSION:
             raise ValueError("not a modelc record of this version")
+        check_record(d, n_errors=len(ERROR_NAMES))    # a shared log is untrusted: schema first
         return Record(d["key"], d.get("desc", ""), d["template"], d["config"], list(d["costs"]),
                       int(d["error"]), d.get("error_msg", ""), d.get("target", {}), d.get("workload"),
                       float(d.get("time", 0.0)), d.get("modelc", ""), int(d.get("weight", 1)))
@@ -166,17 +168,31 @@ def load_records(path_or_lines, warn: bool = True) -> list:
         where = os.fspath(path_or_lines)
     else:
         lines, where = list(path_or_lines), "the records"
-    out, bad = [], 0
-    for line in lines:
+    out, bad, first = [], 0, ""
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            out.append(Record.from_json(line))
-        except (ValueError, KeyError, TypeError):
+            rec = Record.from_json(line)
+            if rec.workload is not None:      # the config must be one of the template's for it
+                _check_config(rec)
+            out.append(rec)
+        except (ValueError, KeyError, TypeError, RecursionError, ModelcError) as e:
             bad += 1
+            first = first or f" (first: line {n}: {str(e)[:300]})"
     if bad and warn:
-        warnings.warn(f"skipped {bad} corrupt or foreign line(s) in {where}", stacklevel=2)
+        warnings.warn(f"skipped {bad} corrupt or foreign line(s) in {where}{first}", stacklevel=2)
     return out
+
+
+_config_checked: set = set()
+
+
+def _check_config(rec: Record):
+    k = (rec.key, rec.template, json.dumps(rec.config, sort_keys=True))
+    if k not in _config_checked:
+        check_config(rec.template, rec.workload, rec.config, "record", key=rec.key)
+        _config_checked.add(k)
 
 
 def best_by_key(records, target: dict | None = None) -> dict:

@@ -1,0 +1,419 @@
+"""Validation of the documents modelc reads from outside: saved modules, tuning records, workloads.
+
+Templates generate kernel source from a workload and a config, and a saved module or a shared
+tuning log carries both. So each document is checked against a declared schema before anything is
+generated from it: only ints where shapes, layouts, strides and axes are; dtypes and op names from
+modelc's own tables; value references in modelc's own `i0 / p0 / v0.1` pattern; attribute strings
+from a small character set. Then for consistency: a record's key is the hash of its workload; the
+ops type-check and give the declared output shapes; the template matches the workload; every config
+value is one of its knob's candidates; a module's tensors have the shapes its kernels were built
+for (kernels index their arrays unchecked, so a smaller buffer would be read out of bounds).
+Every refusal is a `DocumentError` that names the field.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from .errors import ModelcError
+from . import memory
+
+
+class DocumentError(ModelcError):
+    """A saved module, tuning record or workload that modelc refuses to use; names the field."""
+
+
+_REF = re.compile(r"[ip][0-9]{1,6}|v[0-9]{1,6}(\.[0-9]{1,3})?")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_ATTR_STR = re.compile(r"[A-Za-z0-9_,.>\-]{0,256}")
+_KEY = re.compile(r"[0-9A-Za-z_.\-]{1,64}")      # modelc makes 24 hex digits
+NONFINITE = ("nan", "inf", "-inf")
+DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+          "uint32", "uint64", "bool")
+MAX_RANK = 16
+MAX_DIM = 1 << 40
+MAX_PARAM_ELEMENTS = 1 << 22
+
+
+def _fail(path: str, msg: str):
+    raise DocumentError(f"{path}: {msg}")
+
+
+def _show(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_int(v, path: str, lo: int | None = None, hi: int | None = None) -> int:
+    if not _is_int(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f" in [{lo}, {hi}]" if hi is not None else (f" >= {lo}" if lo is not None else "")
+        _fail(path, f"expected an integer{rng}, got {_show(v)}")
+    return v
+
+
+def check_str(v, path: str, pattern: re.Pattern | None = None, choices=None) -> str:
+    if not isinstance(v, str):
+        _fail(path, f"expected a string, got {_show(v)}")
+    if choices is not None and v not in choices:
+        _fail(path, f"{_show(v)} is not one of modelc's names ({', '.join(sorted(choices)[:12])} ...)")
+    if pattern is not None and not pattern.fullmatch(v):
+        _fail(path, f"{_show(v)} is not a name modelc makes")
+    return v
+
+
+def _keys(d, path: str, required: set, optional: set = frozenset()) -> dict:
+    if not isinstance(d, dict):
+        _fail(path, f"expected an object, got {type(d).__name__}")
+    missing = required - set(d)
+    if missing:
+        _fail(path, f"missing field(s) {sorted(missing)}")
+    extra = set(d) - required - set(optional)
+    if extra:
+        _fail(path, f"unknown field(s) {sorted(map(str, extra))[:5]}")
+    return d
+
+
+def _list(v, path: str, max_len: int | None = None) -> list:
+    if not isinstance(v, list):
+        _fail(path, f"expected a list, got {type(v).__name__}")
+    if max_len is not None and len(v) > max_len:
+        _fail(path, f"has {len(v)} entries, at most {max_len} allowed")
+    return v
+
+
+def check_shape(v, path: str) -> tuple:
+    _list(v, path, MAX_RANK)
+    return tuple(check_int(d, f"{path}[{k}]", 0, MAX_DIM) for k, d in enumerate(v))
+
+
+def check_dtype(v, path: str) -> str:
+    return check_str(v, path, choices=DTYPES)
+
+
+def check_layout(v, shape: tuple, path: str):
+    if v is None:
+        return None
+    _list(v, path)
+    if len(v) != 2 or len(shape) != 4:
+        _fail(path, "a blocked layout is [block, halo] of a 4-d tensor")
+    b = check_int(v[0], f"{path}[0]", 1, 1 << 16)
+    check_int(v[1], f"{path}[1]", 0, 1 << 10)
+    if shape[1] % b:
+        _fail(path, f"block {b} does not divide the {shape[1]} channels")
+    return tuple(v)
+
+
+def _number(v, path: str):
+    if isinstance(v, bool) or not (isinstance(v, (int, float)) or v in NONFINITE):
+        _fail(path, f"expected a number, got {_show(v)}")
+    if isinstance(v, float) and not math.isfinite(v):
+        _fail(path, f"expected a finite number or one of {NONFINITE}, got {_show(v)}")
+
+
+def _flat_numbers(v, depth: int, path: str, out: list):
+    if depth == 0:
+        _number(v, path)
+        out.append(v)
+        return
+    for k, x in enumerate(_list(v, path)):
+        _flat_numbers(x, depth - 1, f"{path}[{k}]", out)
+
+
+def check_array(v, path: str):
+    """An array as modelc writes it: {"dtype", "shape", "value"} with nested lists of numbers."""
+    _keys(v, path, {"dtype", "shape", "value"})
+    dt = check_dtype(v["dtype"], f"{path}.dtype")
+    shape = check_shape(v["shape"], f"{path}.shape")
+    n = math.prod(shape)
+    if n > MAX_PARAM_ELEMENTS:
+        _fail(f"{path}.shape", f"{list(shape)} is too large for an inlined constant")
+    flat: list = []
+    if isinstance(v["value"], list):
+        _flat_numbers(v["value"], len(shape), f"{path}.value", flat)
+    else:
+        _flat_numbers(v["value"], 0, f"{path}.value", flat)
+    if len(flat) != n or (shape and not isinstance(v["value"], list)):
+        _fail(f"{path}.value", f"holds {len(flat)} numbers, its shape {list(shape)} needs {n}")
+    try:
+        np.array(v["value"], dtype=dt).reshape(shape)
+    except (ValueError, TypeError, OverflowError) as e:
+        _fail(f"{path}.value", f"is not an array of {dt}: {e}")
+
+
+def check_attr(v, path: str):
+    """An attribute value: a number, a short word, a list of those, or an array."""
+    if isinstance(v, dict):
+        return check_array(v, path)
+    if isinstance(v, list):
+        for k, x in enumerate(_list(v, path, 1 << 16)):
+            if isinstance(x, str) and x not in NONFINITE:
+                check_str(x, f"{path}[{k}]", _ATTR_STR)
+            else:
+                _number(x, f"{path}[{k}]")
+        return
+    if isinstance(v, str) and v not in NONFINITE:
+        check_str(v, path, _ATTR_STR)
+        return
+    _number(v, path)
+
+
+def check_knob_value(v, path: str, depth: int = 0):
+    """A config value: a bool, number or short word, or a (nested) list of them. Whether it is one
+    of the knob's candidates is checked against the template's space (`check_config`)."""
+    if isinstance(v, list) and depth < 2:
+        for k, x in enumerate(_list(v, path, 64)):
+            check_knob_value(x, f"{path}[{k}]", depth + 1)
+    elif isinstance(v, str):
+        check_str(v, path, _ATTR_STR)
+    elif not isinstance(v, bool):
+        _number(v, path)
+
+
+def check_workload(wl, path: str = "workload", key: str | None = None):
+    """The schema of a workload, then its consistency (refs, shapes, types; `key` its hash)."""
+    from . import ops as registry
+    from .tune.task import KEY_VERSION, workload_key
+    _keys(wl, path, {"version", "inputs", "ops", "params", "outputs"})
+    if wl["version"] != KEY_VERSION or not _is_int(wl["version"]):
+        _fail(f"{path}.version", f"workload version {_show(wl['version'])}; this modelc reads {KEY_VERSION}")
+    n_in = len(_list(wl["inputs"], f"{path}.inputs", 4096))
+    for k, t in enumerate(wl["inputs"]):
+        p = f"{path}.inputs[{k}]"
+        _keys(t, p, {"shape", "dtype", "const"}, {"layout"})
+        shape = check_shape(t["shape"], f"{p}.shape")
+        check_dtype(t["dtype"], f"{p}.dtype")
+        if not isinstance(t["const"], bool):
+            _fail(f"{p}.const", f"expected true or false, got {_show(t['const'])}")
+        check_layout(t.get("layout"), shape, f"{p}.layout")
+    params = wl["params"]
+    if not isinstance(params, dict):
+        _fail(f"{path}.params", "expected an object")
+    for name, v in params.items():
+        check_str(name, f"{path}.params", re.compile(r"p[0-9]{1,6}"))
+        check_array(v, f"{path}.params.{name}")
+    values = {f"i{k}" for k in range(n_in)} | set(params)
+    for j, op in enumerate(_list(wl["ops"], f"{path}.ops", 4096)):
+        p = f"{path}.ops[{j}]"
+        _keys(op, p, {"op", "attrs", "args"})
+        check_str(op["op"], f"{p}.op", choices=registry.REGISTRY)
+        if not isinstance(op["attrs"], dict):
+            _fail(f"{p}.attrs", "expected an object")
+        for name, v in op["attrs"].items():
+            check_str(name, f"{p}.attrs", _IDENT)
+            check_attr(v, f"{p}.attrs.{name}")
+        for k, a in enumerate(_list(op["args"], f"{p}.args", 4096)):
+            if a != "":
+                check_str(a, f"{p}.args[{k}]", _REF)
+                if a not in values and not (a[0] == "v" and int(a[1:].split(".")[0]) < j):
+                    _fail(f"{p}.args[{k}]", f"{a!r} names no input, constant or earlier result")
+    if not wl["ops"]:
+        _fail(f"{path}.ops", "is empty")
+    for k, t in enumerate(_list(wl["outputs"], f"{path}.outputs", 4096)):
+        p = f"{path}.outputs[{k}]"
+        _keys(t, p, {"shape", "dtype", "value"}, {"layout"})
+        shape = check_shape(t["shape"], f"{p}.shape")
+        check_dtype(t["dtype"], f"{p}.dtype")
+        check_layout(t.get("layout"), shape, f"{p}.layout")
+        if t["value"] is not None:
+            check_str(t["value"], f"{p}.value", _REF)
+    if key is not None and workload_key(wl) != key:
+        _fail(f"{path}", f"does not hash to its key {key!r} (edited or corrupt)")
+    _check_types(wl, path)
+
+
+def _check_types(wl: dict, path: str):
+    """The ops type-check on the declared inputs and give the declared outputs."""
+    from .kernels.workload import Workload
+    sizes = {f"{path}.{side}[{k}]": math.prod(t["shape"]) * np.dtype(t["dtype"]).itemsize
+             for side in ("inputs", "outputs") for k, t in enumerate(wl[side])}
+    try:
+        memory.check(sizes, path)
+        g = Workload(wl).to_graph()
+    except ModelcError as e:
+        raise DocumentError(f"{path}: its ops do not type-check: {e}") from None
+    except Exception as e:     # a crafted attribute a shape rule did not expect
+        raise DocumentError(f"{path}: its ops do not type-check: {type(e).__name__}: {e}") from None
+    for k, t in enumerate(wl["outputs"]):
+        v = t["value"]
+        if v is None:
+            continue
+        got = g.tensors.get(v)
+        if got is None:
+            _fail(f"{path}.outputs[{k}].value", f"{v!r} is not a value of the workload")
+        if list(got.shape) != list(t["shape"]) or got.dtype.name != t["dtype"]:
+            _fail(f"{path}.outputs[{k}]", f"declares {t['dtype']}{list(t['shape'])} but its ops give "
+                                          f"{got.dtype.name}{list(got.shape)}")
+
+
+def check_config(template: str, wl: dict, config, path: str, key: str | None = None):
+    """The kernel config for `wl`: the template exists and matches, every value is a candidate.
+    Returns the `Config` (the template's default for a None config). `key`, the workload's key,
+    lets the template's space be built once for many configs."""
+    check_str(template, f"{path}.template", _IDENT)
+    tpl, view, space = _space(template, wl, path) if key is None else \
+        _spaces.get((key, template)) or _spaces.setdefault((key, template), _space(template, wl, path))
+    if config is None:
+        return tpl.default_config(view, space)
+    if not isinstance(config, dict):
+        _fail(f"{path}.config", f"expected an object of knob values, got {type(config).__name__}")
+    for name in config:
+        check_str(name, f"{path}.config", _IDENT)
+    try:
+        return space.from_values(config)
+    except ModelcError as e:
+        raise DocumentError(f"{path}.config: {e}") from None
+
+
+_spaces: dict = {}          # (workload key, template) -> (template, workload view, config space)
+
+
+def _space(template: str, wl: dict, path: str):
+    from .kernels import templates as _templates  # noqa: F401  (registers the templates)
+    from .kernels.template import get
+    from .kernels.workload import Workload
+    try:
+        tpl = get(template)
+    except ModelcError:
+        _fail(f"{path}.template", f"unknown kernel template {template!r}")
+    view = Workload(wl)
+    try:
+        if not tpl.matches(view):
+            _fail(f"{path}.template", f"template {template!r} does not handle this workload")
+        return tpl, view, tpl.space(view)
+    except DocumentError:
+        raise
+    except Exception as e:
+        raise DocumentError(f"{path}.template: {template!r} cannot build this workload: "
+                            f"{type(e).__name__}: {e}") from None
+
+
+def check_program(program, constants: dict, path: str = "module program") -> list:
+    """A module's program: schema, every step's workload and config, tensors as the kernels need.
+    Returns each step's `Config`."""
+    from .tune.task import workload_key
+    _keys(program, path, {"format", "modelc", "name", "inputs", "outputs", "tensors", "steps"})
+    for f in ("modelc", "name"):
+        check_str(program[f], f"{path}.{f}")
+    tensors = program["tensors"]
+    if not isinstance(tensors, dict):
+        _fail(f"{path}.tensors", "expected an object")
+    for name, t in tensors.items():
+        p = f"{path}.tensors[{name!r}]"
+        _keys(t, p, {"shape", "dtype", "layout", "const"})
+        shape = check_shape(t["shape"], f"{p}.shape")
+        check_dtype(t["dtype"], f"{p}.dtype")
+        check_layout(t["layout"], shape, f"{p}.layout")
+        if not isinstance(t["const"], bool):
+            _fail(f"{p}.const", f"expected true or false, got {_show(t['const'])}")
+        memory.check({name: math.prod(shape) * np.dtype(t["dtype"]).itemsize}, f"{p} ({t['dtype']}{list(shape)})")
+        if t["const"]:
+            c = constants.get(name)
+            if not isinstance(c, np.ndarray):
+                _fail(p, "is a constant but the module has no array for it")
+            if list(c.shape) != list(shape) or c.dtype.name != t["dtype"]:
+                _fail(p, f"declares {t['dtype']}{list(shape)} but its array is {c.dtype.name}{list(c.shape)}")
+            if t["layout"] is not None:
+                _fail(f"{p}.layout", "constants are stored plain")
+    for side in ("inputs", "outputs"):
+        for k, io in enumerate(_list(program[side], f"{path}.{side}", 4096)):
+            p = f"{path}.{side}[{k}]"
+            _keys(io, p, {"name", "shape", "dtype"})
+            t = tensors.get(check_str(io["name"], f"{p}.name"))
+            if t is None:
+                _fail(f"{p}.name", f"{io['name']!r} is not in the tensor table")
+            if io["shape"] != t["shape"] or io["dtype"] != t["dtype"]:
+                _fail(p, "shape or dtype differs from the tensor table's")
+    if not program["inputs"] and not program["outputs"]:
+        _fail(path, "has no inputs and no outputs")
+    configs = []
+    written = {io["name"] for io in program["inputs"]} | {n for n, t in tensors.items() if t["const"]}
+    for j, s in enumerate(_list(program["steps"], f"{path}.steps", 1 << 20)):
+        p = f"{path}.steps[{j}]"
+        _keys(s, p, {"key", "pattern", "desc", "template", "config", "workload", "inputs", "outputs"})
+        check_str(s["key"], f"{p}.key", _KEY)
+        check_str(s["pattern"], f"{p}.pattern")
+        check_str(s["desc"], f"{p}.desc")
+        check_workload(s["workload"], f"{p}.workload", key=s["key"])
+        wl = s["workload"]
+        for side in ("inputs", "outputs"):
+            names = _list(s[side], f"{p}.{side}")
+            if len(names) != len(wl[side]):
+                _fail(f"{p}.{side}", f"lists {len(names)} tensors, the workload has {len(wl[side])}")
+            for k, (name, spec) in enumerate(zip(names, wl[side])):
+                q = f"{p}.{side}[{k}]"
+                t = tensors.get(check_str(name, q))
+                if t is None:
+                    _fail(q, f"{name!r} is not in the tensor table")
+                if (t["shape"], t["dtype"], t["layout"]) != (spec["shape"], spec["dtype"], spec.get("layout")):
+                    _fail(q, f"tensor {name!r} is {t['dtype']}{t['shape']} layout {t['layout']}, the kernel "
+                             f"was built for {spec['dtype']}{spec['shape']} layout {spec.get('layout')}")
+                if side == "inputs" and bool(spec["const"]) != t["const"]:
+                    _fail(q, f"tensor {name!r} const-ness differs from the workload's")
+                if side == "inputs" and name not in written:
+                    _fail(q, f"tensor {name!r} is read before any step writes it")
+                if side == "outputs":
+                    if name in written:
+                        _fail(q, f"tensor {name!r} is written twice (or is an input or constant)")
+                    written.add(name)
+        configs.append(check_config(s["template"], wl, s["config"], p, key=s["key"]))
+    for k, o in enumerate(program["outputs"]):
+        if o["name"] not in written:
+            _fail(f"{path}.outputs[{k}]", f"output {o['name']!r} is never written")
+    return configs
+
+
+_RECORD_FIELDS = {"v", "key", "desc", "template", "config", "costs", "error", "error_msg", "target",
+                  "workload", "time", "modelc", "weight"}
+_validated_keys: set = set()        # keys of workloads already checked (a key is the hash of its workload)
+
+
+def check_record(d, path: str = "record", n_errors: int = 6):
+    """A tuning record's schema; its workload is checked once per key (and must hash to it)."""
+    _keys(d, path, {"v", "key", "template", "config", "costs", "error"}, _RECORD_FIELDS)
+    check_str(d["key"], f"{path}.key", _KEY)
+    check_str(d["template"], f"{path}.template", _IDENT)
+    for f in ("desc", "error_msg", "modelc"):
+        if f in d:
+            check_str(d[f], f"{path}.{f}")
+    if not isinstance(d["config"], dict):
+        _fail(f"{path}.config", "expected an object of knob values")
+    for name, v in d["config"].items():
+        check_str(name, f"{path}.config", _IDENT)
+        check_knob_value(v, f"{path}.config.{name}")
+    for k, c in enumerate(_list(d["costs"], f"{path}.costs", 4096)):
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not (0 <= c < 1e9):
+            _fail(f"{path}.costs[{k}]", f"expected a time in seconds, got {_show(c)}")
+    check_int(d["error"], f"{path}.error", 0, n_errors - 1)
+    if "weight" in d:
+        check_int(d["weight"], f"{path}.weight", 1)
+    if "time" in d and (isinstance(d["time"], bool) or not isinstance(d["time"], (int, float))):
+        _fail(f"{path}.time", f"expected a number, got {_show(d['time'])}")
+    target = d.get("target", {})
+    if not isinstance(target, dict):
+        _fail(f"{path}.target", "expected an object")
+    for f, v in target.items():
+        if f == "threads":
+            check_int(v, f"{path}.target.threads", 1, 1 << 16)
+        elif f == "isa":
+            for k, x in enumerate(_list(v, f"{path}.target.isa", 256)):
+                check_str(x, f"{path}.target.isa[{k}]", _ATTR_STR)
+        else:
+            check_str(v, f"{path}.target.{f}")
+    wl = d.get("workload")
+    if wl is not None:
+        from .tune.task import workload_key
+        try:
+            same = workload_key(wl) == d["key"]
+        except (TypeError, ValueError, RecursionError):
+            same = False
+        if not same:
+            _fail(f"{path}.workload", f"does not hash to its key {d['key']!r} (edited or corrupt)")
+        if d["key"] not in _validated_keys:
+            check_workload(wl, f"{path}.workload")
+            _validated_keys.add(d["key"])
