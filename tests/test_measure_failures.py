@@ -104,7 +104,9 @@ def measurer():
     ok = m.measure(task, [task.space.from_values({"fault": "ok"})], R.current_target())
     assert [r.error for r in ok] == [R.NO_ERROR], ok[0].error_msg       # workers up, kernel cached
     yield m
+    pids = [w.pid for w in m.builders + [m.runner] if w.pid]
     m.close()
+    assert pids and not any(_alive(p) for p in pids)            # close leaves no worker behind
 
 
 def _alive(pid):
