@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import ModelcError
 
 _NP = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64", "int32": "np.int32",
-       "int8": "np.int8", "uint8": "np.uint8", "bool": "np.bool_", "float16": "np.float32",
+       "int8": "np.int8", "uint8": "np.uint8", "bool": "np.bool_",
        "int16": "np.int16", "uint16": "np.uint16", "uint32": "np.uint32", "uint64": "np.uint64"}
 
 

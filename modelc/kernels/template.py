@@ -62,8 +62,32 @@ def register(cls):
     return cls
 
 
+# dtypes generated kernels take (numba types); the numpy fallback also runs FALLBACK_DTYPES.
+# float16 stays out of generated code: numba's conversions to and from it call compiler-rt
+# helpers (__truncsfhf2 ...) that it does not link, and its arithmetic is not ONNX's float16.
+KERNEL_DTYPES = frozenset(_NB)
+FALLBACK_DTYPES = frozenset({"float16"})
+
+
+def unsupported_dtype(wl: Workload) -> str | None:
+    """The first dtype of `wl` (inputs, constants, intermediate values, outputs) that generated
+    kernels do not take, or None."""
+    dtypes = [t.dtype for t in (*wl.inputs, *wl.outputs)] + [v.dtype for v in wl.params.values()]
+    try:
+        dtypes += [t.dtype for t in wl._value_specs().values()]
+    except Exception:           # values the shape rules cannot describe: the templates will say
+        pass
+    for dt in dtypes:
+        if np.dtype(dt).name not in KERNEL_DTYPES:
+            return np.dtype(dt).name
+    return None
+
+
 def select(wl: Workload) -> Template:
-    """The first registered template that handles `wl` (the fallback matches everything)."""
+    """The first registered template that handles `wl` (the fallback matches everything); a
+    workload with a dtype no kernel takes (float16) goes to the fallback."""
+    if unsupported_dtype(wl) is not None:
+        return get("reference")
     for t in sorted(TEMPLATES, key=lambda t: t.priority):
         if t.alternative_to is None and t.matches(wl):
             return t
@@ -100,6 +124,10 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
     """
     lines, total = _chunked(body)
     params = ", ".join(f"ptr__{k}, len__{k}" for k in range(len(args)))
+    bad = [np.dtype(d).name for d in dtypes if np.dtype(d).name not in _NB]
+    if bad:
+        raise ModelcError(f"no generated kernel takes arrays of dtype {bad[0]} (kernels take "
+                          f"{', '.join(sorted(_NB))})")
     sig = ", ".join(f"types.CPointer(types.{_NB[np.dtype(d).name]}), types.intp" for d in dtypes)
     if any("fast_sigmoid32(" in ln for ln in body):
         extra = [*extra, *FAST_SIGMOID]
@@ -192,5 +220,5 @@ def epilogue_inputs(ops: list) -> list:
     return sorted({int(a[1:]) for op in ops for a in op.args if a.startswith("i")})
 
 
-__all__ = ["Kernel", "Template", "TEMPLATES", "register", "select", "alternatives", "get", "source",
+__all__ = ["KERNEL_DTYPES", "FALLBACK_DTYPES", "unsupported_dtype", "Kernel", "Template", "TEMPLATES", "register", "select", "alternatives", "get", "source",
            "epilogue", "epilogue_inputs", "broadcast_index", "ctor", "lit"]
