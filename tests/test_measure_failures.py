@@ -136,7 +136,7 @@ def test_each_failure_is_recorded_with_its_own_code_and_never_applied(measurer, 
         assert not _alive(builder if restarted_builder else runner)        # the old one is gone
     msg = bad.error_msg
     if fault == "compile_error":
-        assert "no_such_name" in msg
+        assert "no_such_name" in msg and "\x1b" not in msg and "\n" not in msg
     elif fault == "wrong_result":
         assert "max error" in msg
     elif fault.endswith("timeout"):

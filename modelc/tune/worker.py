@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -54,7 +55,7 @@ def _handle(req: dict, refs: dict) -> dict:
         kernel = tpl.build(wl, cfg)
         fn = cache.load(kernel.source)
     except Exception as e:
-        return {"error": R.COMPILE_ERROR, "msg": f"{type(e).__name__}: {e}"[:500]}
+        return {"error": R.COMPILE_ERROR, "msg": _message(e)}
     if req["op"] == "build":
         return {"error": R.NO_ERROR}
     try:
@@ -80,8 +81,14 @@ def _handle(req: dict, refs: dict) -> dict:
         costs = testing.time_kernel(fn, args, req.get("number", 5), req.get("repeat", 3),
                                     req.get("min_repeat_ms", 0.0), flush=flush)
     except Exception as e:
-        return {"error": R.RUNTIME_ERROR, "msg": f"{type(e).__name__}: {e}"[:500]}
+        return {"error": R.RUNTIME_ERROR, "msg": _message(e)}
     return {"error": R.NO_ERROR, "costs": costs}
+
+
+def _message(e: Exception) -> str:
+    """An exception as one line of a record (numba colours its messages with terminal escapes)."""
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", f"{type(e).__name__}: {e}")
+    return " ".join(text.split())[:500]
 
 
 def main():
