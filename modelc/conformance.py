@@ -20,6 +20,9 @@ from .errors import ModelcError, UnsupportedOpError
 from .frontend import converters, onnx_import
 
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
+PASSED_FALLBACK = "passed (fallback)"   # through compile, part of the graph on the numpy fallback
+CRASHED = "crash"                       # a raw exception, or the case killed its worker process
+STATUSES = (PASSED, PASSED_FALLBACK, FAILED, CRASHED, NOT_RUN)
 
 
 @dataclass
@@ -110,6 +113,7 @@ def _run_case(case, backend) -> CaseResult:
         problem = _value_type_problem(vi)
         if problem:
             return CaseResult(case.name, op_types, NOT_RUN, "unsupported " + problem)
+    fallbacks = set()
     try:
         for inputs, expected in case.data_sets:
             names = [i.name for i in model.graph.input]
@@ -124,10 +128,8 @@ def _run_case(case, backend) -> CaseResult:
             with np.errstate(all="ignore"):
                 if backend == "compile":
                     from .compiler import compile as compile_graph
-                    mod = compile_graph(graph)
-                    if mod.fallbacks:
-                        return CaseResult(case.name, op_types, NOT_RUN,
-                                          "no kernel: " + ", ".join(sorted(set(mod.fallbacks))))
+                    mod = compile_graph(graph, jobs=1)
+                    fallbacks.update(mod.fallbacks)
                     got = mod.run(feeds)
                 else:
                     got = reference.run(graph, feeds)
@@ -149,8 +151,10 @@ def _run_case(case, backend) -> CaseResult:
         return CaseResult(case.name, op_types, NOT_RUN, "unsupported form: " + " ".join(str(e).split()))
     except ModelcError as e:
         return CaseResult(case.name, op_types, FAILED, f"{type(e).__name__}: {' '.join(str(e).split())}")
-    except Exception as e:  # a crash is a bug; report it as a failure, not as not-run
-        return CaseResult(case.name, op_types, FAILED, f"crash {type(e).__name__}: {e}")
+    except Exception as e:  # a raw exception is a bug: a crash, not a failure nor not-run
+        return CaseResult(case.name, op_types, CRASHED, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+    if fallbacks:
+        return CaseResult(case.name, op_types, PASSED_FALLBACK, "no kernel: " + ", ".join(sorted(fallbacks)))
     return CaseResult(case.name, op_types, PASSED)
 
 
@@ -202,37 +206,219 @@ def run_model_dir(path: str, rtol: float = 1e-3, atol: float = 1e-7) -> CaseResu
     return run_case(case)
 
 
-def run_all(pattern: str | None = None, backend: str = "reference", sample: int | None = None) -> list:
-    """Every case (or an evenly spaced sample of those the reference passes) through `backend`."""
+def _static_problem(case) -> str | None:
+    """Why a case cannot run, decided without running it (unsupported op or dtype), or None."""
+    missing = _unsupported_ops(case.model)
+    if missing:
+        return "unsupported op"
+    for vi in list(case.model.graph.input) + list(case.model.graph.output):
+        if _value_type_problem(vi):
+            return "unsupported dtype"
+    return None
+
+
+def sample_cases(cases: list, n: int) -> list:
+    """`n` cases evenly spaced (by name) among those with supported ops and dtypes: the same
+    cases on every machine and run, chosen without running anything."""
+    ok = sorted((c for c in cases if _static_problem(c) is None), key=lambda c: c.name)
+    if n >= len(ok):
+        return ok
+    return [ok[k * len(ok) // n] for k in range(n)]
+
+
+def run_all(pattern: str | None = None, backend: str = "reference", sample: int | None = None,
+            jobs: int | None = None, isolate: bool | None = None, progress=None) -> list:
+    """Every case (or a deterministic sample of `sample` runnable ones) through `backend`.
+
+    Through compile the cases run isolated (`isolate`, the default there) in `jobs` worker
+    processes: a case that kills its worker (an abort or a segfault in native code) is reported
+    as a crash and the worker replaced, so the run always reaches the end.
+    """
     cases = [c for c in collect_cases() if pattern is None or pattern in c.name]
     if sample is not None:
-        ok = [c for c in cases if run_case(c).status == PASSED]
-        step = max(1, len(ok) // sample)
-        cases = ok[::step][:sample]
-    return [run_case(c, backend) for c in cases]
+        cases = sample_cases(cases, sample)
+    if isolate is None:
+        isolate = backend == "compile"
+    if not isolate:
+        out = []
+        for c in cases:
+            out.append(run_case(c, backend))
+            if progress:
+                progress(out[-1])
+        return out
+    return run_isolated([c.name for c in cases], backend, jobs, progress=progress)
 
 
-def summarize(results: list[CaseResult], out=sys.stdout, verbose: bool = False):
+CASE_TIMEOUT_S = 900.0       # one case, its compiles included, in one worker
+
+
+class _CaseWorker:
+    """A worker process running cases by name (`python -m modelc.conformance --worker`)."""
+
+    def __init__(self, backend: str):
+        import subprocess
+        import tempfile
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "modelc.conformance", "--worker", backend],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+                                     text=True, bufsize=1)
+
+    def run(self, name: str, timeout: float) -> CaseResult:
+        import json
+        import signal
+        import threading
+        self.err.seek(0)
+        self.err.truncate()
+        timed_out = []
+
+        def kill():
+            timed_out.append(True)
+            self.proc.kill()
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:
+            self.proc.stdin.write(name + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:
+            line = ""
+        finally:
+            timer.cancel()
+        if line:
+            d = json.loads(line)
+            return CaseResult(d["name"], tuple(d["ops"]), d["status"], d["reason"])
+        rc = self.proc.wait()
+        how = (f"killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
+               else f"exit status {rc}")
+        if timed_out:
+            how = f"timeout: killed after {timeout:g} s"
+        self.err.seek(0)
+        tail = [ln for ln in self.err.read().splitlines() if ln.strip()][-3:]
+        return CaseResult(name, (), CRASHED, f"worker process died ({how})" +
+                          (": " + " | ".join(t.strip()[:200] for t in tail) if tail else ""))
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.err.close()
+
+
+def run_isolated(names: list, backend: str = "compile", jobs: int | None = None,
+                 timeout: float = CASE_TIMEOUT_S, progress=None) -> list:
+    """Cases by name, each in one of `jobs` worker processes (default: the CPU count) that run
+    many cases; a worker that dies is replaced and its case reported as a crash."""
+    import os
+    import threading
+    todo = list(enumerate(names))
+    results: list = [None] * len(names)
+    lock = threading.Lock()
+
+    def serve():
+        worker = None
+        try:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    k, name = todo.pop(0)
+                if worker is None:
+                    worker = _CaseWorker(backend)
+                r = worker.run(name, timeout)
+                if r.status == CRASHED and worker.proc.poll() is not None:
+                    worker.close()
+                    worker = None
+                with lock:
+                    results[k] = r
+                    if progress:
+                        progress(r)
+        finally:
+            if worker is not None:
+                worker.close()
+
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
+    threads = [threading.Thread(target=serve, daemon=True) for _ in range(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ops_of = None
+    for k, r in enumerate(results):      # a crashed case's ops, for the per-op table
+        if r is not None and r.status == CRASHED and not r.ops:
+            if ops_of is None:
+                ops_of = {c.name: tuple(sorted({n.op_type for n in c.model.graph.node}))
+                          for c in collect_cases()}
+            results[k] = CaseResult(r.name, ops_of.get(r.name, ()), r.status, r.reason)
+    return results
+
+
+def _worker_main(backend: str):
+    """Read case names on stdin, answer one JSON line each on the real stdout (anything else
+    the run prints goes to stderr)."""
+    import json
+    import os
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    cases = {c.name: c for c in collect_cases()}
+    for line in sys.stdin:
+        name = line.strip()
+        if not name:
+            continue
+        case = cases.get(name)
+        r = run_case(case, backend) if case is not None else \
+            CaseResult(name, (), NOT_RUN, "no such case")
+        out.write(json.dumps({"name": r.name, "ops": list(r.ops), "status": r.status,
+                              "reason": r.reason}) + "\n")
+        out.flush()
+
+
+def summarize(results: list[CaseResult], out=sys.stdout, verbose: bool = False, backend: str = "reference"):
     by_status = collections.Counter(r.status for r in results)
-    print(f"ONNX conformance: {len(results)} cases: {by_status[PASSED]} passed, "
-          f"{by_status[FAILED]} failed, {by_status[NOT_RUN]} not run", file=out)
+    if backend == "compile":
+        print(f"ONNX conformance through modelc.compile: {len(results)} cases", file=out)
+        rows = [("passed, generated kernels only", by_status[PASSED]),
+                ("passed, with the numpy fallback", by_status[PASSED_FALLBACK]),
+                ("failed", by_status[FAILED]), ("crashed", by_status[CRASHED]),
+                ("not run", by_status[NOT_RUN])]
+        for label, n in rows:
+            print(f"  {label:<34}{n:>6}", file=out)
+    else:
+        print(f"ONNX conformance: {len(results)} cases: {by_status[PASSED]} passed, "
+              f"{by_status[FAILED]} failed, {by_status[CRASHED]} crashed, {by_status[NOT_RUN]} not run",
+              file=out)
     per_op: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for r in results:
         if r.status != NOT_RUN:
             for op in r.ops:
                 per_op[op][r.status] += 1
-    print(f"\n{'op':<28}{'passed':>8}{'failed':>8}", file=out)
+    cols = [(PASSED, "kernels" if backend == "compile" else "passed")] + \
+        ([(PASSED_FALLBACK, "fallback")] if backend == "compile" else []) + [(FAILED, "failed"), (CRASHED, "crashed")]
+    print(f"\n{'op':<28}" + "".join(f"{h:>10}" for _, h in cols), file=out)
     for op in sorted(per_op):
-        print(f"{op:<28}{per_op[op][PASSED]:>8}{per_op[op][FAILED]:>8}", file=out)
+        print(f"{op:<28}" + "".join(f"{per_op[op][st]:>10}" for st, _ in cols), file=out)
+    if backend == "compile":
+        fb = collections.Counter(p for r in results if r.status == PASSED_FALLBACK
+                                 for p in r.reason.partition(": ")[2].split(", "))
+        if fb:
+            print("\ngroups run on the numpy fallback, by cases:", file=out)
+            for pattern, n in fb.most_common():
+                print(f"  {n:5d}  {pattern}", file=out)
     reasons = collections.Counter(r.reason.split(":")[0] for r in results if r.status == NOT_RUN)
     print("\nnot run, by reason:", file=out)
     for reason, n in reasons.most_common():
         print(f"  {n:5d}  {reason}", file=out)
-    fails = [r for r in results if r.status == FAILED]
-    if fails:
-        print("\nfailed:", file=out)
-        for r in fails:
-            print(f"  {r.name}: {r.reason}", file=out)
+    for status, title in ((FAILED, "failed"), (CRASHED, "crashed")):
+        bad = [r for r in results if r.status == status]
+        if bad:
+            print(f"\n{title}:", file=out)
+            for r in bad:
+                print(f"  {r.name}: {r.reason}", file=out)
     if verbose:
         print("\nnot run:", file=out)
         for r in results:
@@ -245,17 +431,40 @@ def main(argv=None):
     p.add_argument("-k", "--pattern", help="only cases whose name contains this")
     p.add_argument("-v", "--verbose", action="store_true", help="list every case not run")
     p.add_argument("--compile", action="store_true",
-                   help="run the cases through modelc.compile (generated kernels) instead")
-    p.add_argument("--sample", type=int, help="only an evenly spaced sample of N passing cases")
+                   help="run the cases through modelc.compile (generated kernels) instead, each "
+                        "checked against its expected outputs, in isolated worker processes")
+    p.add_argument("--sample", type=int, metavar="N",
+                   help="only N cases, evenly spaced by name among those with supported ops and "
+                        "dtypes (the same N cases on every run)")
+    p.add_argument("-j", "--jobs", type=int, help="worker processes for --compile (default: CPUs)")
     p.add_argument("--write-baseline", metavar="FILE",
                    help="write the names of the passing cases (the regression baseline) to FILE")
+    p.add_argument("--worker", choices=("reference", "compile"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    results = run_all(args.pattern, "compile" if args.compile else "reference", args.sample)
-    summarize(results, verbose=args.verbose)
+    if args.worker:
+        _worker_main(args.worker)
+        return 0
+    import time
+    backend = "compile" if args.compile else "reference"
+    t0 = time.perf_counter()
+    progress = None
+    if backend == "compile" and sys.stderr.isatty():
+        done = collections.Counter()
+
+        def progress(r):
+            done[r.status] += 1
+            print(f"\r{sum(done.values())} cases: " + ", ".join(f"{n} {st}" for st, n in done.items()),
+                  end="", file=sys.stderr, flush=True)
+    results = run_all(args.pattern, backend, args.sample, jobs=args.jobs, progress=progress)
+    if progress:
+        print(file=sys.stderr)
+    summarize(results, verbose=args.verbose, backend=backend)
+    print(f"\n{len(results)} cases in {time.perf_counter() - t0:.0f} s", file=sys.stdout)
     if args.write_baseline:
         with open(args.write_baseline, "w") as f:
             f.writelines(f"{r.name}\n" for r in results if r.status == PASSED)
-    return 1 if any(r.status == FAILED for r in results) else 0
+    # cases on the fallback pass (they are counted apart); wrong results and crashes fail the run
+    return 1 if any(r.status in (FAILED, CRASHED) for r in results) else 0
 
 
 if __name__ == "__main__":
