@@ -250,6 +250,7 @@ def run_all(pattern: str | None = None, backend: str = "reference", sample: int 
 
 
 CASE_TIMEOUT_S = 900.0       # one case, its compiles included, in one worker
+ABORT_CASE = "__abort__"     # not a case: a worker asked for it aborts (tests of the isolation)
 
 
 class _CaseWorker:
@@ -370,6 +371,8 @@ def _worker_main(backend: str):
         name = line.strip()
         if not name:
             continue
+        if name == ABORT_CASE:
+            os.abort()
         case = cases.get(name)
         r = run_case(case, backend) if case is not None else \
             CaseResult(name, (), NOT_RUN, "no such case")

@@ -62,6 +62,16 @@ def test_kernel_whose_compile_aborts_is_a_modelc_error(fresh_cache):
         cache.compile_all(["undefined_name + 1\n"])
 
 
+def test_a_real_llvm_fatal_error_is_a_modelc_error(fresh_cache):
+    # Pow as it was generated before: numba lowers float32 ** int32 to LLVM's powi, whose
+    # compiler-rt helper numba does not link; LLVM aborts the process that links it
+    from modelc.kernels.template import source
+    src = source(["out0", "in0", "in1"], [np.float32, np.float32, np.int32],
+                 ["for i in prange(64):", "    out0[i] = in0[i] ** in1[i]"])
+    with pytest.raises(ModelcError, match=r"killed its worker process \(killed by signal SIGABRT.*__powi"):
+        cache.compile_all([src])
+
+
 def test_compile_of_a_model_whose_kernel_aborts_names_the_op(fresh_cache, monkeypatch):
     real = cache.compile_all
     monkeypatch.setattr(cache, "compile_all", lambda sources, **kw: real([s + ABORT for s in sources], **kw))

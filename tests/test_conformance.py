@@ -38,16 +38,35 @@ def test_every_case_not_run_has_a_reason(results):
 
 
 def _through_compile(sample):
+    """Cases through modelc.compile, each checked (fallback or not): none fails or crashes."""
     results = conformance.run_all(backend="compile", sample=sample)
-    ran = [r for r in results if r.status != conformance.NOT_RUN]
-    failed = [f"{r.name}: {r.reason}" for r in results if r.status == conformance.FAILED]
-    assert not failed, "\n".join(failed)
-    return ran
+    bad = [f"{r.name}: {r.status}: {r.reason}" for r in results
+           if r.status in (conformance.FAILED, conformance.CRASHED)]
+    assert not bad, f"{len(bad)} case(s) fail or crash through compile:\n" + "\n".join(bad)
+    return results
 
 
 def test_sample_of_cases_through_compiled_kernels():
-    ran = _through_compile(sample=24)
-    assert len(ran) >= 12          # most sampled cases have kernels, not the reference fallback
+    results = _through_compile(sample=SAMPLE)
+    assert len(results) == SAMPLE and all(r.status != conformance.NOT_RUN for r in results)
+    kernels_only = [r for r in results if r.status == conformance.PASSED]
+    assert len(kernels_only) >= SAMPLE // 2     # most sampled cases run generated kernels only
+
+
+SAMPLE = 40     # about 30 s with a warm kernel cache on 2 cores
+
+
+def test_sample_is_deterministic():
+    cases = conformance.collect_cases()
+    a = [c.name for c in conformance.sample_cases(cases, 10)]
+    assert a == [c.name for c in conformance.sample_cases(list(reversed(cases)), 10)] and len(set(a)) == 10
+
+
+def test_a_case_that_kills_its_worker_is_a_crash_and_the_run_goes_on():
+    names = ["test_relu", conformance.ABORT_CASE, "test_abs"]
+    results = conformance.run_isolated(names, "reference", jobs=1)
+    assert [r.status for r in results] == [conformance.PASSED, conformance.CRASHED, conformance.PASSED]
+    assert "SIGABRT" in results[1].reason and results[1].name == conformance.ABORT_CASE
 
 
 @pytest.mark.slow
