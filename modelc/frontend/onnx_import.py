@@ -24,6 +24,9 @@ from . import legacy  # noqa: F401  (registers the opset converters)
 from .validate import check_node, check_text, check_types, schema
 
 ONNX_DOMAINS = ("", "ai.onnx")
+WINDOW_OPS = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
+              "MaxUnpool", "DeformConv"}
+WINDOW_LISTS = {"strides", "pads", "dilations", "output_padding", "output_shape"}
 
 
 def load_model(model) -> onnx.ModelProto:
@@ -32,9 +35,13 @@ def load_model(model) -> onnx.ModelProto:
         return model
     if isinstance(model, (bytes, bytearray)):
         try:
-            return onnx.load_from_string(bytes(model))
+            proto = onnx.load_from_string(bytes(model))
         except Exception as e:
             raise ModelLoadError(f"cannot parse ONNX model from bytes: {e}") from None
+        if not proto.graph.node and not proto.graph.output:
+            raise ModelLoadError(f"the {len(model)} bytes hold no ONNX graph (empty, truncated or "
+                                 "not an ONNX model)")
+        return proto
     path = os.fspath(model)
     if not os.path.exists(path):
         raise ModelLoadError(f"model file {path!r} does not exist")
@@ -173,6 +180,9 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
     """
     proto = load_model(model)
     check_text(proto)
+    if not proto.graph.output:
+        raise ModelLoadError(f"graph {proto.graph.name!r} declares no outputs (a truncated or "
+                             "incomplete model?)")
     if proto.functions:
         try:
             proto = onnx.inliner.inline_local_functions(proto)
@@ -217,6 +227,8 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
         used.add(name)
         # consumed_inputs (opsets < 6) was a memory hint with no effect on the result
         attrs = {a.name: decode_attr(a) for a in n.attribute if a.name != "consumed_inputs"}
+        if n.op_type in WINDOW_OPS:   # an empty list is the default, as onnxruntime reads it
+            attrs = {k: v for k, v in attrs.items() if not (k in WINDOW_LISTS and v == [])}
         node = Node(name, n.op_type, list(n.input), list(n.output), attrs, onnx_name=n.name or name)
         for inp in node.inputs:
             if inp and inp not in graph.tensors:
@@ -249,7 +261,8 @@ def _initializer(init: onnx.TensorProto) -> np.ndarray:
                              "path (with its data files next to it)")
     dtype = _np_dtype(init.data_type, where)
     if dtype.kind not in "biuf":
-        raise ModelcError(f"{where} has element type {dtype}, which modelc does not support")
+        raise ModelcError(f"{where} has element type "
+                          f"{onnx.TensorProto.DataType.Name(init.data_type)}, which modelc does not support")
     try:
         value = numpy_helper.to_array(init)
     except Exception:
@@ -296,8 +309,8 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_ba
                               "are not supported)")
         dtype = _np_dtype(tt.elem_type, f"graph input {inp.name!r}")
         if dtype.kind not in "biuf":
-            raise ModelcError(f"graph input {inp.name!r} has element type {dtype}, which modelc does "
-                              "not support")
+            raise ModelcError(f"graph input {inp.name!r} has element type "
+                              f"{onnx.TensorProto.DataType.Name(tt.elem_type)}, which modelc does not support")
         dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                 for d in tt.shape.dim] if tt.HasField("shape") else None
         if inp.name in override:

@@ -234,6 +234,9 @@ class _Gen:
             lines.append(f"{ind}{iv} = np.int64({index_expr})")
             lines.append(f"{ind}if {iv} < 0:")
             lines.append(f"{ind}    {iv} += {in_shape[axis]}")
+            # an index out of range (a run-time input) is clipped, as TVM's take(mode="clip"):
+            # never a read outside the buffer (constant indices are checked at import)
+            lines.append(f"{ind}{iv} = min(max({iv}, 0), {in_shape[axis] - 1})")
             sub = list(idx[:axis]) + [iv] + list(idx[axis + q:])
             return self.value(x, sub, lines, ind, memo)
         if op.op == "Resize":

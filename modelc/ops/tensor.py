@@ -215,7 +215,15 @@ def _slices(shape, starts, ends, axes=None, steps=None) -> tuple:
     return tuple(out)
 
 
+def _one_d(**params):
+    """Parameter inputs the ONNX spec declares 1-D (Slice's starts, Pad's pads ...) must be 1-D."""
+    for what, t in params.items():
+        if t is not None and len(t.shape) != 1:
+            raise ValueError(f"{what} must be a 1-D tensor, got shape {list(t.shape)}")
+
+
 def _slice_infer(x, starts, ends, axes=None, steps=None):
+    _one_d(starts=starts, ends=ends, axes=axes, steps=steps)
     sl = _slices(x.shape, _known(starts, "starts"), _known(ends, "ends"), _known(axes, "axes"),
                  _known(steps, "steps"))
     return tuple(len(range(d)[s]) for d, s in zip(x.shape, sl)), x.dtype
@@ -376,12 +384,24 @@ def _wrap(idx, dim):
     idx = np.asarray(idx).astype(np.int64, copy=False)
     out = np.where(idx < 0, idx + dim, idx)
     if out.size and (out.min() < 0 or out.max() >= dim):
-        raise IndexError(f"index out of range for a dimension of {dim}")
+        bad = int(np.asarray(idx).reshape(-1)[np.flatnonzero((out < 0) | (out >= dim))[0]])
+        raise ValueError(f"index {bad} is out of range [{-dim}, {dim - 1}] for a dimension of {dim}")
     return out
+
+
+def _check_indices(idx, dim):
+    """Constant indices are checked at import (onnxruntime refuses them when it runs)."""
+    if idx is not None and idx.value is not None:
+        if np.asarray(idx.value).dtype.kind not in "iu":
+            raise ValueError(f"indices must be integers, got {np.asarray(idx.value).dtype}")
+        _wrap(idx.value, dim)
 
 
 def _gather_infer(x, idx, axis=0):
     a = _axis(axis, len(x.shape))
+    _check_indices(idx, x.shape[a])
+    if x.shape[a] == 0 and math.prod(idx.shape) > 0:
+        raise ValueError(f"gathers {math.prod(idx.shape)} indices from axis {a} of size 0")
     return x.shape[:a] + idx.shape + x.shape[a + 1:], x.dtype
 
 
@@ -392,9 +412,10 @@ def gather(x, indices, *, axis=0):
 
 
 def _gather_elements_infer(x, idx, axis=0):
-    _axis(axis, len(x.shape))
+    a = _axis(axis, len(x.shape))
     if len(idx.shape) != len(x.shape):
         raise ValueError(f"indices rank {len(idx.shape)} differs from data rank {len(x.shape)}")
+    _check_indices(idx, x.shape[a])
     return idx.shape, x.dtype
 
 
@@ -532,6 +553,7 @@ PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
 def _pad_infer(x, pads, value=None, axes=None, mode="constant"):
+    _one_d(pads=pads, axes=axes)
     if mode not in PAD_MODES:
         raise ValueError(f"mode {mode!r} is not one of {list(PAD_MODES)}")
     return _pad_widths(x.shape, _known(pads, "pads"), _known(axes, "axes"))[1], x.dtype

@@ -1,0 +1,726 @@
+"""Fuzzing: mutated models through from_onnx, compile and run never end in a raw exception.
+
+Hypothesis mutates a few tiny valid models (a conv+relu+pool, a small MLP, a reshape/transpose/
+concat/slice chain, broadcasting elementwise ops, a pad/pool/reduce/gather mix): input and
+initializer shapes (zero, negative and huge dims), attributes (removed, added, wrong types and
+values), node inputs (dropped, missing tensors, extra), dtypes, op types, opsets, duplicate names,
+cycles, empty graphs and truncated or bit-flipped bytes. Each mutated model goes through
+`modelc.from_onnx`, `modelc.compile` and `Module.run` with a random input of the declared shape.
+
+The outcome must be success or a `ModelcError` whose message is a short line or so; a raw
+exception, a crash of the process (segfault, LLVM abort) or a hang fails the test. The cases run
+in a worker process (spawned once, restarted after a crash or a timeout) so that neither can take
+pytest down; its address space is capped so that a huge allocation fails instead of swapping.
+
+The examples are derandomized (the same cases on every run) and bounded; MODELC_FUZZ_EXAMPLES
+raises the count for a longer local run. The test prints a tally of the outcomes by kind.
+"""
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import re
+import time
+import traceback
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+pytestmark = pytest.mark.filterwarnings("ignore:onnx.checker rejects the model")
+
+MAX_EXAMPLES = int(os.environ.get("MODELC_FUZZ_EXAMPLES", "160"))
+TIMEOUT = float(os.environ.get("MODELC_FUZZ_TIMEOUT", "90"))    # seconds per case, compile included
+SEED = int(os.environ["MODELC_FUZZ_SEED"]) if os.environ.get("MODELC_FUZZ_SEED") else None  # explore
+VERBOSE = bool(os.environ.get("MODELC_FUZZ_VERBOSE"))                # print every case and outcome
+ADDRESS_SPACE = 8 << 30                                           # the worker's RLIMIT_AS
+
+F = TensorProto.FLOAT
+
+
+# ---- the valid models mutations start from ---------------------------------------------------------
+
+def _vi(name, shape, t=F):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def _init(name, rng, shape, dtype=np.float32):
+    return numpy_helper.from_array(rng.standard_normal(shape).astype(dtype), name)
+
+
+def _const(name, values):
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "fuzz", inputs, outputs, list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def conv_relu_pool():
+    rng = np.random.default_rng(1)
+    return _model([helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", kernel_shape=[3, 3],
+                                    pads=[1, 1, 1, 1], strides=[1, 1]),
+                   helper.make_node("Relu", ["c"], ["r"], name="relu"),
+                   helper.make_node("MaxPool", ["r"], ["y"], name="pool", kernel_shape=[2, 2],
+                                    strides=[2, 2])],
+                  [_vi("x", [1, 2, 6, 6])], [_vi("y", [1, 4, 3, 3])],
+                  [_init("w", rng, (4, 2, 3, 3)), _init("b", rng, (4,))])
+
+
+def mlp():
+    rng = np.random.default_rng(2)
+    return _model([helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
+                   helper.make_node("Relu", ["h"], ["r"], name="relu"),
+                   helper.make_node("MatMul", ["r", "w2"], ["m"], name="fc2"),
+                   helper.make_node("Add", ["m", "b2"], ["a"], name="bias"),
+                   helper.make_node("Softmax", ["a"], ["y"], name="softmax", axis=-1)],
+                  [_vi("x", [2, 8])], [_vi("y", [2, 4])],
+                  [_init("w1", rng, (6, 8)), _init("b1", rng, (6,)), _init("w2", rng, (6, 4)),
+                   _init("b2", rng, (4,))])
+
+
+def data_movement():
+    return _model([helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+                   helper.make_node("Transpose", ["r"], ["t"], name="transpose", perm=[0, 2, 1]),
+                   helper.make_node("Concat", ["t", "t"], ["c"], name="concat", axis=1),
+                   helper.make_node("Slice", ["c", "starts", "ends", "axes"], ["y"], name="slice")],
+                  [_vi("x", [2, 12])], [_vi("y", [2, 4, 3])],
+                  [_const("shape", [2, 3, 4]), _const("starts", [1]), _const("ends", [5]),
+                   _const("axes", [1])])
+
+
+def broadcasting():
+    return _model([helper.make_node("Mul", ["x", "z"], ["m"], name="mul"),
+                   helper.make_node("Sub", ["m", "c"], ["s"], name="sub"),
+                   helper.make_node("Sigmoid", ["s"], ["y"], name="sigmoid")],
+                  [_vi("x", [2, 3, 4]), _vi("z", [3, 1])], [_vi("y", [2, 3, 4])],
+                  [numpy_helper.from_array(np.full((4,), 0.5, np.float32), "c")])
+
+
+def pad_pool_reduce():
+    return _model([helper.make_node("Pad", ["x", "pads"], ["p"], name="pad", mode="constant"),
+                   helper.make_node("AveragePool", ["p"], ["a"], name="avgpool", kernel_shape=[2, 2]),
+                   helper.make_node("ReduceMean", ["a"], ["m"], name="mean", axes=[2], keepdims=0),
+                   helper.make_node("Gather", ["m", "idx"], ["y"], name="gather", axis=2)],
+                  [_vi("x", [1, 3, 4, 5])], [_vi("y", [1, 3, 2])],
+                  [_const("pads", [0, 0, 1, 1, 0, 0, 0, 0]), _const("idx", [0, 2])], opset=13)
+
+
+BASES = {f.__name__: f for f in (conv_relu_pool, mlp, data_movement, broadcasting, pad_pool_reduce)}
+
+
+# ---- mutations ------------------------------------------------------------------------------------
+# Each draws what it changes from `data`, edits the ModelProto `m` in place and returns a short
+# description (the reproduction recipe printed for a bad outcome).
+
+DIMS = [0, -1, -3, 1, 2, 3, 5, 7, 100000]
+INTS = [-(2 ** 40), -7, -1, 0, 1, 2, 3, 5, 100000, 2 ** 62]
+FLOATS = [float("nan"), float("inf"), -1.0, 0.0, 0.5, 1e30]
+STRINGS = ["", "SAME_UPPER", "SAME_LOWER", "VALID", "NOTSET", "reflect", "edge", "garbage\n"]
+ATTR_NAMES = ["kernel_shape", "strides", "pads", "dilations", "group", "axis", "axes", "perm",
+              "transA", "transB", "alpha", "beta", "auto_pad", "ceil_mode", "keepdims", "to",
+              "mode", "value", "allowzero", "storage_order", "count_include_pad", "epsilon",
+              "split", "bogus"]
+OPS = ["Relu", "Conv", "Gemm", "MatMul", "Add", "Softmax", "Reshape", "Transpose", "Concat", "Slice",
+       "MaxPool", "AveragePool", "GlobalAveragePool", "Sigmoid", "Identity", "Flatten", "Squeeze",
+       "Unsqueeze", "Gather", "Pad", "ReduceMean", "ReduceSum", "Cast", "Where", "Expand", "Split",
+       "BatchNormalization", "LayerNormalization", "Clip", "Constant", "Shape", "Tile", "Resize",
+       "ConvTranspose", "Einsum", "TopK", "Dense", "Fused", "NotAnOp"]
+DTYPES = [TensorProto.INT32, TensorProto.INT64, TensorProto.FLOAT16, TensorProto.DOUBLE,
+          TensorProto.BOOL, TensorProto.STRING, TensorProto.UINT8, TensorProto.INT8,
+          TensorProto.BFLOAT16, TensorProto.COMPLEX64, TensorProto.UNDEFINED]
+
+
+def _tensor_names(m):
+    names = [i.name for i in m.graph.input] + [i.name for i in m.graph.initializer]
+    for n in m.graph.node:
+        names += [o for o in n.output if o]
+    return names
+
+
+def _attr_value(data, name):
+    kind = data.draw(st.sampled_from(["int", "ints", "float", "floats", "string", "strings",
+                                      "tensor", "empty_ints"]), label="attr kind")
+    if kind == "int":
+        return helper.make_attribute(name, data.draw(st.sampled_from(INTS), label="int"))
+    if kind == "ints":
+        return helper.make_attribute(name, data.draw(st.lists(st.sampled_from(INTS), min_size=1, max_size=9),
+                                                     label="ints"))
+    if kind == "float":
+        return helper.make_attribute(name, data.draw(st.sampled_from(FLOATS), label="float"))
+    if kind == "floats":
+        return helper.make_attribute(name, data.draw(st.lists(st.sampled_from(FLOATS), min_size=1,
+                                                              max_size=4), label="floats"))
+    if kind == "string":
+        return helper.make_attribute(name, data.draw(st.sampled_from(STRINGS), label="string"))
+    if kind == "strings":
+        return helper.make_attribute(name, data.draw(st.lists(st.sampled_from(STRINGS), min_size=1,
+                                                               max_size=3), label="strings"))
+    if kind == "tensor":
+        shape = data.draw(st.lists(st.sampled_from([0, 1, 2, 3]), max_size=3), label="tensor shape")
+        dt = data.draw(st.sampled_from([np.float32, np.int64, np.bool_, np.float64]), label="tensor dtype")
+        return helper.make_attribute(name, numpy_helper.from_array(np.ones(shape, dt)))
+    return helper.make_attribute(name, [], attr_type=AttributeProto.INTS)
+
+
+def _typed_value(data, name, typ):
+    """A value of the attribute's declared type, drawn to be awkward (negative, huge, too long)."""
+    A = AttributeProto
+    if typ == A.INT:
+        return helper.make_attribute(name, data.draw(st.sampled_from(INTS), label="int"))
+    if typ == A.INTS:
+        return helper.make_attribute(name, data.draw(st.lists(st.sampled_from(INTS), max_size=9),
+                                                     label="ints"), attr_type=A.INTS)
+    if typ == A.FLOAT:
+        return helper.make_attribute(name, data.draw(st.sampled_from(FLOATS), label="float"))
+    if typ == A.FLOATS:
+        return helper.make_attribute(name, data.draw(st.lists(st.sampled_from(FLOATS), max_size=4),
+                                                     label="floats"), attr_type=A.FLOATS)
+    if typ == A.STRING:
+        return helper.make_attribute(name, data.draw(st.sampled_from(STRINGS), label="string"))
+    if typ == A.STRINGS:
+        return helper.make_attribute(name, data.draw(st.lists(st.sampled_from(STRINGS), max_size=3),
+                                                     label="strings"), attr_type=A.STRINGS)
+    if typ == A.TENSOR:
+        shape = data.draw(st.lists(st.sampled_from([0, 1, 2, 3]), max_size=3), label="tensor shape")
+        dt = data.draw(st.sampled_from([np.float32, np.int64, np.bool_, np.float64]), label="tensor dtype")
+        return helper.make_attribute(name, numpy_helper.from_array(np.ones(shape, dt)))
+    return None
+
+
+def _schema_attrs(node, m):
+    opset = max([o.version for o in m.opset_import if o.domain in ("", "ai.onnx")] or [17])
+    try:
+        return dict(onnx.defs.get_schema(node.op_type, opset, "").attributes)
+    except Exception:
+        return {}
+
+
+def mutate_attribute(m, data):
+    node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
+    existing = [a.name for a in node.attribute]
+    declared = _schema_attrs(node, m)
+    action = data.draw(st.sampled_from(["typed", "typed", "typed", "set", "remove", "add"]),
+                       label="attr action")
+    if action == "typed" and declared:
+        # a value of the right type: what the op's own checks must refuse, if it is wrong
+        name = data.draw(st.sampled_from(sorted(declared)), label="attr")
+        attr = _typed_value(data, name, declared[name].type)
+        if attr is not None:
+            keep = [a for a in node.attribute if a.name != name]
+            del node.attribute[:]
+            node.attribute.extend(keep + [attr])
+            return f"{node.name}: attribute {name} = {helper.get_attribute_value(attr)!r}"
+    if action == "remove" and existing:
+        name = data.draw(st.sampled_from(existing), label="attr")
+        keep = [a for a in node.attribute if a.name != name]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+        return f"{node.name}: remove attribute {name}"
+    name = (data.draw(st.sampled_from(existing), label="attr") if action == "set" and existing
+            else data.draw(st.sampled_from(ATTR_NAMES), label="attr"))
+    attr = _attr_value(data, name)
+    keep = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(keep + [attr])
+    return f"{node.name}: attribute {name} = {helper.get_attribute_value(attr)!r}"
+
+
+def mutate_node_inputs(m, data):
+    node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
+    action = data.draw(st.sampled_from(["drop", "blank", "missing", "extra", "other"]), label="input action")
+    ins = list(node.input)
+    if action == "extra" or not ins:
+        ins.append(data.draw(st.sampled_from(_tensor_names(m) + [""]), label="extra input"))
+    else:
+        j = data.draw(st.integers(0, len(ins) - 1), label="input index")
+        if action == "drop":
+            ins.pop(j)
+        elif action == "blank":
+            ins[j] = ""
+        elif action == "missing":
+            ins[j] = "no_such_tensor"
+        else:
+            ins[j] = data.draw(st.sampled_from(_tensor_names(m)), label="other input")
+    del node.input[:]
+    node.input.extend(ins)
+    return f"{node.name}: inputs -> {ins}"
+
+
+def mutate_structure(m, data):
+    g = m.graph
+    nodes = list(g.node)
+    action = data.draw(st.sampled_from(["cycle", "reverse", "empty", "dup_node", "dup_output",
+                                        "drop_node", "drop_graph_output", "bad_graph_output",
+                                        "intermediate_output", "dup_graph_input", "input_is_init",
+                                        "dup_initializer", "drop_output_of_node"]), label="structure")
+    if action == "cycle":
+        nodes[0].input[0] = nodes[-1].output[0]
+    elif action == "reverse":
+        del g.node[:]
+        g.node.extend(reversed(nodes))
+    elif action == "empty":
+        del g.node[:]
+    elif action == "dup_node":
+        g.node.append(nodes[data.draw(st.integers(0, len(nodes) - 1), label="node")])
+    elif action == "dup_output":
+        i = data.draw(st.integers(0, len(nodes) - 1), label="node")
+        nodes[i].output[0] = data.draw(st.sampled_from(_tensor_names(m)), label="name")
+    elif action == "drop_node":
+        i = data.draw(st.integers(0, len(nodes) - 1), label="node")
+        del g.node[i]
+    elif action == "drop_graph_output":
+        del g.output[:]
+    elif action == "bad_graph_output":
+        g.output.append(_vi("nowhere", [1]))
+    elif action == "intermediate_output":
+        g.output.append(_vi(nodes[0].output[0], None))
+    elif action == "dup_graph_input":
+        g.input.append(g.input[0])
+    elif action == "input_is_init":
+        if g.initializer:
+            vi = helper.make_tensor_value_info(g.initializer[0].name, F, [1, 2])
+            g.input.append(vi)
+    elif action == "dup_initializer":
+        if g.initializer:
+            g.initializer.append(g.initializer[0])
+    elif action == "drop_output_of_node":
+        i = data.draw(st.integers(0, len(nodes) - 1), label="node")
+        nodes[i].output[0] = ""
+    return f"structure: {action}"
+
+
+def mutate_input_shape(m, data):
+    inp = data.draw(st.sampled_from(list(m.graph.input)), label="input")
+    tt = inp.type.tensor_type
+    action = data.draw(st.sampled_from(["dim", "dim", "symbolic", "rank+", "rank-", "no_shape"]),
+                       label="shape action")
+    dims = tt.shape.dim
+    if action == "no_shape":
+        tt.ClearField("shape")
+    elif action == "rank+":
+        dims.add().dim_value = data.draw(st.sampled_from([1, 2, 3]), label="dim")
+    elif action == "rank-" and len(dims):
+        del dims[len(dims) - 1]
+    elif len(dims):
+        d = dims[data.draw(st.integers(0, len(dims) - 1), label="axis")]
+        if action == "symbolic":
+            d.dim_param = "N"
+        else:
+            d.dim_value = data.draw(st.sampled_from(DIMS), label="dim")
+    return f"input {inp.name}: {action} -> {[(d.dim_param or d.dim_value) for d in tt.shape.dim] if tt.HasField('shape') else None}"
+
+
+def mutate_initializer(m, data):
+    if not m.graph.initializer:
+        return "initializer: none"
+    i = data.draw(st.integers(0, len(m.graph.initializer) - 1), label="initializer")
+    t = m.graph.initializer[i]
+    try:
+        a = numpy_helper.to_array(t)
+    except ValueError:                  # damaged by an earlier mutation
+        return f"initializer {t.name}: left damaged"
+    action = data.draw(st.sampled_from(["shape", "dtype", "values", "element", "element",
+                                        "inconsistent", "scalar"]), label="init action")
+    if action == "shape":
+        shape = list(a.shape) or [1]
+        j = data.draw(st.integers(0, len(shape) - 1), label="axis")
+        shape[j] = data.draw(st.sampled_from([0, 1, 2, 3, 5, 9]), label="dim")
+        if data.draw(st.booleans(), label="rank change"):
+            shape.append(data.draw(st.sampled_from([1, 2]), label="dim"))
+        b = np.resize(a, shape) if a.size else np.zeros(shape, a.dtype)
+    elif action == "dtype":
+        dt = data.draw(st.sampled_from([np.int32, np.int64, np.float16, np.float64, np.bool_, np.uint8,
+                                        object]), label="dtype")
+        b = a.astype(str).astype(object) if dt is object else a.astype(dt)
+    elif action == "values":
+        b = np.full(a.shape, data.draw(st.sampled_from(INTS if a.dtype.kind == "i" else FLOATS),
+                                       label="value"), dtype=a.dtype)
+    elif action == "element" and a.size:
+        b = a.copy().reshape(-1)
+        b[data.draw(st.integers(0, b.size - 1), label="index")] = data.draw(
+            st.sampled_from(INTS if a.dtype.kind == "i" else FLOATS), label="value")
+        b = b.reshape(a.shape)
+    elif action == "scalar":
+        b = np.asarray(a.reshape(-1)[:1].reshape(()) if a.size else np.zeros((), a.dtype))
+    else:   # the declared dims disagree with the data
+        nt = numpy_helper.from_array(a, t.name)
+        nt.dims[:] = [data.draw(st.sampled_from([0, 7, 1000, -1]), label="dim")] + list(nt.dims)[1:]
+        t.CopyFrom(nt)
+        return f"initializer {t.name}: dims {list(nt.dims)} disagree with its data"
+    t.CopyFrom(numpy_helper.from_array(b, t.name))
+    return f"initializer {t.name}: {action} -> {b.dtype}{list(b.shape)}"
+
+
+def mutate_dtype(m, data):
+    where = data.draw(st.sampled_from(["input", "output"]), label="dtype of")
+    vis = list(m.graph.input if where == "input" else m.graph.output)
+    vi = data.draw(st.sampled_from(vis), label="value info")
+    dt = data.draw(st.sampled_from(DTYPES), label="dtype")
+    vi.type.tensor_type.elem_type = dt
+    return f"{where} {vi.name}: dtype {TensorProto.DataType.Name(dt)}"
+
+
+def mutate_op_type(m, data):
+    node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
+    old, node.op_type = node.op_type, data.draw(st.sampled_from(OPS), label="op")
+    return f"{node.name}: op {old} -> {node.op_type}"
+
+
+def mutate_opset(m, data):
+    action = data.draw(st.sampled_from(["version", "drop", "domain", "ir_version"]), label="opset action")
+    if action == "version":
+        if not m.opset_import:
+            m.opset_import.append(helper.make_opsetid("", 17))
+        m.opset_import[0].version = data.draw(st.sampled_from([1, 5, 6, 7, 9, 10, 11, 12, 13, 99]),
+                                              label="version")
+    elif action == "drop":
+        del m.opset_import[:]
+    elif action == "domain":
+        node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
+        node.domain = "com.example"
+    else:
+        m.ir_version = data.draw(st.sampled_from([0, 1, 3, 99]), label="ir version")
+    return f"opset: {action}"
+
+
+MUTATIONS = [mutate_attribute, mutate_attribute, mutate_node_inputs, mutate_structure,
+             mutate_input_shape, mutate_input_shape, mutate_initializer, mutate_dtype, mutate_op_type,
+             mutate_opset]
+
+
+def draw_case(data) -> dict:
+    """A mutated model as the worker takes it, with the recipe that made it."""
+    base = data.draw(st.sampled_from(sorted(BASES)), label="base")
+    m = BASES[base]()
+    recipe = [base]
+    if data.draw(st.booleans(), label="outputs undeclared"):
+        for out in m.graph.output:       # as many exporters write them: no shape to contradict
+            out.type.tensor_type.ClearField("shape")
+        recipe.append("output shapes undeclared")
+    for _ in range(data.draw(st.sampled_from([0, 1, 1, 1, 2, 3]), label="n mutations")):
+        mut = data.draw(st.sampled_from(MUTATIONS), label="mutation")
+        if mut in (mutate_attribute, mutate_node_inputs, mutate_op_type) and not m.graph.node:
+            continue
+        if mut is mutate_input_shape and not m.graph.input:
+            continue
+        if mut is mutate_dtype and not (m.graph.input and m.graph.output):
+            continue
+        if mut is mutate_structure and not m.graph.node:
+            continue
+        recipe.append(mut(m, data))
+    shape = None
+    if data.draw(st.integers(0, 3), label="override?") == 0 and m.graph.input:
+        # a dynamic dimension bound by shape= (before any byte damage: see below)
+        inp = data.draw(st.sampled_from(list(m.graph.input)), label="input")
+        tdims = inp.type.tensor_type.shape.dim
+        dims = [d.dim_value or 1 for d in tdims]
+        if dims:
+            j = data.draw(st.integers(0, len(dims) - 1), label="axis")
+            if data.draw(st.integers(0, 4), label="make dynamic") > 0:
+                tdims[j].dim_param = "N"
+            dims[j] = data.draw(st.sampled_from(DIMS), label="dim")
+        shape = {data.draw(st.sampled_from([inp.name] * 5 + ["nope"]), label="name"): dims}
+        recipe.append(f"shape={shape}")
+    payload = m.SerializeToString()
+    damage = data.draw(st.sampled_from(["none"] * 8 + ["truncate", "flip"]), label="bytes")
+    if damage == "truncate":
+        n = data.draw(st.integers(0, len(payload) - 1), label="length")
+        payload = payload[:n]
+        recipe.append(f"truncated to {n} of {len(m.SerializeToString())} bytes")
+    elif damage == "flip":
+        i = data.draw(st.integers(0, len(payload) - 1), label="offset")
+        payload = payload[:i] + bytes([payload[i] ^ 0xFF]) + payload[i + 1:]
+        recipe.append(f"byte {i} flipped")
+    form = data.draw(st.sampled_from(["bytes", "bytes", "proto", "path"]), label="form")
+    feeds = data.draw(st.sampled_from(["declared"] * 9 + ["wrong"]), label="feeds")
+    return {"payload": payload, "shape": shape, "form": form, "feeds": feeds, "recipe": recipe}
+
+
+# ---- the worker process -----------------------------------------------------------------------------
+
+def _feeds(module, mode, rng):
+    feeds = {}
+    for spec in module.input_specs:
+        shape, dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
+        if dtype.kind == "f":
+            x = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            x = rng.random(shape) < 0.5
+        else:
+            x = rng.integers(0, 3, shape).astype(dtype)
+        feeds[spec["name"]] = x
+    if mode == "wrong" and feeds:
+        name = next(iter(feeds))
+        feeds[name] = feeds[name].reshape(-1)[:-1] if feeds[name].size else np.zeros(3, np.int8)
+    return feeds
+
+
+def _case(case, tmpdir):
+    """One case through from_onnx, compile and run: ('ok'|'modelc'|'raw', stage, type, message)."""
+    import warnings
+
+    import modelc
+    from modelc.errors import ModelcError
+
+    warnings.simplefilter("ignore")
+    stage = "from_onnx"
+    try:
+        model = case["payload"]
+        if case["form"] == "path":
+            model = os.path.join(tmpdir, "case.onnx")
+            with open(model, "wb") as f:
+                f.write(case["payload"])
+        elif case["form"] == "proto":
+            try:
+                model = onnx.load_from_string(case["payload"])
+            except Exception:
+                pass        # unparseable: give modelc the bytes
+        graph = modelc.from_onnx(model, shape=case["shape"])
+        stage = "compile"
+        module = modelc.compile(graph)
+        stage = "run"
+        out = module.run(_feeds(module, case["feeds"], np.random.default_rng(0)))
+        if not isinstance(out, dict):
+            return ("raw", stage, "TypeError", f"run returned {type(out).__name__}, not a dict")
+        return ("ok", stage, "", "")
+    except ModelcError as e:
+        return ("modelc", stage, type(e).__name__, str(e))
+    except BaseException as e:   # noqa: BLE001  (what the test is looking for)
+        return ("raw", stage, type(e).__name__, "".join(traceback.format_exception(e))[-3000:])
+
+
+def _serve(conn):
+    import resource
+    import tempfile
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+    except (ValueError, OSError):
+        pass
+    import modelc  # noqa: F401  (import once, before the first case's clock starts)
+    conn.send("ready")
+    with tempfile.TemporaryDirectory() as tmpdir:
+        while True:
+            case = conn.recv()
+            if case is None:
+                return
+            conn.send(_case(case, tmpdir))
+
+
+class Worker:
+    """A spawned process that runs cases; restarted after a crash or a timeout."""
+
+    def __init__(self):
+        self.ctx = multiprocessing.get_context("spawn")
+        self.proc = None
+        self.restarts = 0
+
+    def _start(self):
+        self.conn, child = self.ctx.Pipe()
+        self.proc = self.ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        if not self.conn.poll(120) or self.conn.recv() != "ready":
+            raise RuntimeError("the fuzz worker did not start")
+
+    def _stop(self):
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join()
+            self.proc = None
+            self.restarts += 1
+
+    def run(self, case):
+        if self.proc is None:
+            self._start()
+        self.conn.send(case)
+        try:
+            if self.conn.poll(TIMEOUT):
+                return self.conn.recv()
+        except (EOFError, OSError):       # the worker died (segfault, abort, os._exit)
+            self.proc.join(10)
+            code = self.proc.exitcode
+            self._stop()
+            return ("crash", "?", f"exit code {code}", "the worker process died")
+        self._stop()
+        return ("hang", "?", "timeout", f"no outcome after {TIMEOUT:.0f} s")
+
+    def close(self):
+        if self.proc is not None:
+            try:
+                self.conn.send(None)
+                self.proc.join(10)
+            except OSError:
+                pass
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join()
+            self.proc = None
+
+
+# ---- judging outcomes -------------------------------------------------------------------------------
+
+# a message that is only another library's text: "index 3 is out of bounds", "'x'", ...
+RAW_TEXT = re.compile(r"Traceback \(most recent call last\)|^\s*'[^']*'\s*$|^\s*$")
+# a wrapped foreign exception: the shape rules of modelc's ops raise ValueError with their own
+# message, which the registry prefixes with the node ("node 'fc' (Gemm): ...: ValueError: Gemm
+# operands must be 2-D"); those are tallied. A wrapped Python error (a TypeError from calling a rule
+# with an attribute it does not take, an AttributeError on a missing input ...) is a bug: the model
+# should have been refused, with its own message, before the rule ran.
+WRAPPED = re.compile(r"\b(?:[A-Z]\w*Error|Exception|numba\.\w+)\b: ")
+INTERNAL = re.compile(r"\b(?:TypeError|AttributeError|KeyError|IndexError|NameError|UnboundLocalError|"
+                      r"AssertionError|RecursionError|ZeroDivisionError|OverflowError|MemoryError|"
+                      r"UnicodeDecodeError|NotImplementedError|SystemError|LoweringError|TypingError)\b")
+
+
+def judge(outcome):
+    """(kind for the tally, problem or None)."""
+    status, stage, typ, msg = outcome
+    if status == "ok":
+        return "success", None
+    if status != "modelc":
+        return f"{status}: {typ} in {stage}", f"{status} ({typ}) in {stage}:\n{msg}"
+    kind = f"{typ} in {stage}"
+    if RAW_TEXT.search(msg):
+        return kind, f"{typ} with a raw message: {msg[:300]!r}"
+    limit = 1200 if typ == "UnsupportedOpError" else 500
+    if len(msg) > limit or (typ != "UnsupportedOpError" and msg.count("\n") > 3):
+        return kind, f"{typ} with a {len(msg)}-character, {msg.count(chr(10)) + 1}-line message: {msg[:300]!r}"
+    if INTERNAL.search(msg):
+        return kind, f"{typ} wraps an internal error: {msg[:400]!r}"
+    if WRAPPED.search(msg):
+        kind += " (wraps a foreign error)"
+    return kind, None
+
+
+def test_fuzz_mutated_models(capsys):
+    tally = collections.Counter()
+    problems = []
+    worker = Worker()
+    start = time.perf_counter()
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=SEED is None, database=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @seed(SEED or 0)
+    @given(st.data())
+    def one(data):
+        case = draw_case(data)
+        outcome = worker.run(case)
+        kind, problem = judge(outcome)
+        tally[kind] += 1
+        if VERBOSE:
+            print(f"{' | '.join(case['recipe'])}\n    -> {kind}: {outcome[3][:400]}", flush=True)
+        if problem:
+            problems.append(f"{' | '.join(case['recipe'])}\n    -> {problem}")
+
+    try:
+        one()
+    finally:
+        worker.close()
+    elapsed = time.perf_counter() - start
+    with capsys.disabled():
+        print(f"\nfuzz: {sum(tally.values())} examples in {elapsed:.0f} s, "
+              f"{worker.restarts} worker restart(s); outcomes by kind:")
+        for kind, n in tally.most_common():
+            print(f"  {n:5d}  {kind}")
+        for p in problems:
+            print(f"  PROBLEM: {p}")
+    assert not problems, f"{len(problems)} bad outcome(s):\n" + "\n".join(problems)
+
+
+# ---- what the fuzzing found, one case each ----------------------------------------------------------
+
+def _import_error(m, **kw):
+    import modelc
+    from modelc.errors import ModelcError
+    try:
+        modelc.from_onnx(m, **kw)
+    except ModelcError as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+def test_found_attributes_are_checked_against_the_schema():
+    m = conv_relu_pool()
+    m.graph.node[2].attribute.append(helper.make_attribute("strides", 2.0))   # a float, not ints
+    del m.graph.node[2].attribute[1]                                           # (the ints strides)
+    assert _import_error(m) == ("ModelLoadError", "node 'pool' (MaxPool): attribute 'strides' is of "
+                                                  "type FLOAT, expected INTS")
+    m = broadcasting()
+    m.graph.node[0].attribute.append(helper.make_attribute("kernel_shape", [3]))
+    kind, msg = _import_error(m)
+    assert kind == "ModelLoadError" and "'kernel_shape', which Mul" in msg
+    m = mlp()
+    m.graph.node[0].input.append("x")                  # Gemm with four inputs
+    assert _import_error(m)[1] == "node 'fc1' (Gemm) has 4 inputs; Gemm takes at most 3"
+    m = data_movement()
+    m.graph.node[1].input[0] = ""                      # Transpose without its input
+    assert "lacks its required input 0" in _import_error(m)[1]
+
+
+def test_found_element_types_must_agree():
+    m = broadcasting()
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.full((4,), 1, np.int32), "c"))
+    kind, msg = _import_error(m)
+    assert kind == "ModelLoadError" and "node 'sub' (Sub): inputs 0 ('m') and 1 ('c')" in msg
+    m = broadcasting()
+    m.graph.input[0].type.tensor_type.elem_type = TensorProto.STRING
+    assert "element type STRING" in _import_error(m)[1]
+
+
+def test_found_malformed_protos_are_load_errors():
+    m = mlp()
+    data = m.SerializeToString()
+    kind, msg = _import_error(data[:2])               # parses as an empty model
+    assert kind == "ModelLoadError" and "no ONNX graph" in msg
+    t = m.graph.initializer[0]
+    t.dims[0] = 1000                                   # dims disagree with the data
+    kind, msg = _import_error(m)
+    assert kind == "ModelLoadError" and "initializer 'w1'" in msg
+
+
+def test_found_shapes_zero_and_negative_dims():
+    m = mlp()
+    for out in m.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 0
+    import modelc
+    g = modelc.from_onnx(m)                            # a zero-size batch, as onnxruntime runs it
+    assert g.tensors["y"].shape == (0, 4)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    kind, msg = _import_error(m)
+    assert kind == "ShapeError" and "declares shape [-1, 8] with a negative dimension" in msg
+
+
+def test_found_constant_indices_and_slice_parameters_are_checked_at_import():
+    m = pad_pool_reduce()
+    m.graph.initializer[1].CopyFrom(_const("idx", [0, 7]))
+    kind, msg = _import_error(m)
+    assert kind == "ShapeError" and "node 'gather' (Gather)" in msg and "index 7 is out of range" in msg
+    m = data_movement()
+    m.graph.initializer[3].CopyFrom(numpy_helper.from_array(np.array(1, np.int64), "axes"))
+    kind, msg = _import_error(m)
+    assert kind == "ShapeError" and "axes must be a 1-D tensor" in msg
+    m = conv_relu_pool()
+    m.graph.node[0].attribute.append(helper.make_attribute("dilations", [], attr_type=AttributeProto.INTS))
+    import modelc
+    assert "dilations" not in modelc.from_onnx(m).node("conv").attrs    # empty = the default
+
+
+def test_found_gather_with_run_time_indices_never_reads_outside_its_input():
+    """An index input out of range made the generated kernel read past the buffer (a segfault
+    for a large index); it is clipped, as TVM's take does by default."""
+    import modelc
+    m = _model([helper.make_node("Gather", ["d", "i"], ["g"], axis=0),
+                helper.make_node("Relu", ["g"], ["y"])],
+               [_vi("d", [5]), _vi("i", [3], TensorProto.INT64)], [_vi("y", [3])])
+    mod = modelc.compile(m)
+    d = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(mod.run({"d": d, "i": np.array([4, -1, 0])})["y"], [4, 4, 0])
+    np.testing.assert_array_equal(mod.run({"d": d, "i": np.array([10 ** 12, -10 ** 12, 7])})["y"],
+                                  [4, 0, 4])
