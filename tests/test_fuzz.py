@@ -205,8 +205,32 @@ def mutate_attribute(m, data):
     node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
     existing = [a.name for a in node.attribute]
     declared = _schema_attrs(node, m)
-    action = data.draw(st.sampled_from(["typed", "typed", "typed", "set", "remove", "add"]),
-                       label="attr action")
+    action = data.draw(st.sampled_from(["plausible", "plausible", "typed", "typed", "set", "remove",
+                                        "add"]), label="attr action")
+    if action == "plausible" and declared:
+        # small values of the declared type and the current length: mostly valid, other kernels
+        name = data.draw(st.sampled_from(sorted(declared)), label="attr")
+        typ = declared[name].type
+        cur = next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+        if typ == AttributeProto.INT:
+            attr = helper.make_attribute(name, data.draw(st.sampled_from([-2, -1, 0, 1, 2, 3]), label="int"))
+        elif typ == AttributeProto.INTS:
+            n = len(cur) if isinstance(cur, list) and cur else data.draw(st.integers(1, 4), label="len")
+            attr = helper.make_attribute(name, data.draw(st.lists(st.sampled_from([0, 1, 2, 3]), min_size=n,
+                                                                  max_size=n), label="ints"))
+        elif typ == AttributeProto.FLOAT:
+            attr = helper.make_attribute(name, data.draw(st.sampled_from([0.0, 0.1, 1.0, 2.5]), label="float"))
+        elif typ == AttributeProto.STRING:
+            attr = helper.make_attribute(name, data.draw(st.sampled_from(
+                ["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID", "constant", "reflect", "edge", "wrap"]),
+                label="string"))
+        else:
+            attr = None
+        if attr is not None:
+            keep = [a for a in node.attribute if a.name != name]
+            del node.attribute[:]
+            node.attribute.extend(keep + [attr])
+            return f"{node.name}: attribute {name} = {helper.get_attribute_value(attr)!r}"
     if action == "typed" and declared:
         # a value of the right type: what the op's own checks must refuse, if it is wrong
         name = data.draw(st.sampled_from(sorted(declared)), label="attr")
@@ -366,9 +390,28 @@ def mutate_dtype(m, data):
     return f"{where} {vi.name}: dtype {TensorProto.DataType.Name(dt)}"
 
 
+SIMILAR = [["Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Floor",
+            "Softplus", "Elu", "Selu", "HardSigmoid", "LeakyRelu", "Erf", "Sin", "Identity", "Softmax",
+            "LogSoftmax", "Not", "Sign", "Round", "Ceil", "Mish", "HardSwish"],
+           ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Greater", "Less",
+            "PRelu", "And", "BitShift", "Sum", "Mean"],
+           ["MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool"],
+           ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
+            "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin"],
+           ["Gemm", "MatMul", "Conv", "ConvTranspose"]]
+
+
 def mutate_op_type(m, data):
     node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
-    old, node.op_type = node.op_type, data.draw(st.sampled_from(OPS), label="op")
+    family = next((f for f in SIMILAR if node.op_type in f), None)
+    if family and data.draw(st.integers(0, 2), label="similar") > 0:
+        op = data.draw(st.sampled_from(family), label="op")     # an op that could fit its place
+        keep = [a for a in node.attribute if a.name in _schema_attrs(helper.make_node(op, [], []), m)]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+    else:
+        op = data.draw(st.sampled_from(OPS), label="op")
+    old, node.op_type = node.op_type, op
     return f"{node.name}: op {old} -> {node.op_type}"
 
 
@@ -389,9 +432,9 @@ def mutate_opset(m, data):
     return f"opset: {action}"
 
 
-MUTATIONS = [mutate_attribute, mutate_attribute, mutate_node_inputs, mutate_structure,
+MUTATIONS = [mutate_attribute, mutate_attribute, mutate_attribute, mutate_node_inputs, mutate_structure,
              mutate_input_shape, mutate_input_shape, mutate_initializer, mutate_dtype, mutate_op_type,
-             mutate_opset]
+             mutate_op_type, mutate_opset]
 
 
 def draw_case(data) -> dict:
