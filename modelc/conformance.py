@@ -412,7 +412,8 @@ def summarize(results: list[CaseResult], out=sys.stdout, verbose: bool = False, 
             print("\ngroups run on the numpy fallback, by cases:", file=out)
             for pattern, n in fb.most_common():
                 print(f"  {n:5d}  {pattern}", file=out)
-    reasons = collections.Counter(r.reason.split(":")[0] for r in results if r.status == NOT_RUN)
+    reasons = collections.Counter(r.reason.split(":")[0].split(" of '")[0] for r in results
+                                  if r.status == NOT_RUN)
     print("\nnot run, by reason:", file=out)
     for reason, n in reasons.most_common():
         print(f"  {n:5d}  {reason}", file=out)
