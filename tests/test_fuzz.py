@@ -401,6 +401,25 @@ SIMILAR = [["Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reci
            ["Gemm", "MatMul", "Conv", "ConvTranspose"]]
 
 
+def mutate_retype(m, data):
+    """The whole model in another element type (every float tensor): valid where the ops take it."""
+    dt = data.draw(st.sampled_from([TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32,
+                                    TensorProto.INT64, TensorProto.INT8, TensorProto.UINT8,
+                                    TensorProto.BOOL]), label="model dtype")
+    np_dt = helper.tensor_dtype_to_np_dtype(dt)
+    for vi in list(m.graph.input) + list(m.graph.output):
+        if vi.type.tensor_type.elem_type == F:
+            vi.type.tensor_type.elem_type = dt
+    for t in m.graph.initializer:
+        if t.data_type == F:
+            try:
+                a = numpy_helper.to_array(t)
+            except ValueError:
+                continue
+            t.CopyFrom(numpy_helper.from_array(np.clip(a * 3, -100, 100).astype(np_dt), t.name))
+    return f"model retyped to {TensorProto.DataType.Name(dt)}"
+
+
 def mutate_op_type(m, data):
     node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
     family = next((f for f in SIMILAR if node.op_type in f), None)
@@ -424,17 +443,17 @@ def mutate_opset(m, data):
                                               label="version")
     elif action == "drop":
         del m.opset_import[:]
-    elif action == "domain":
+    elif action == "domain" and m.graph.node:
         node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
         node.domain = "com.example"
-    else:
+    elif action == "ir_version":
         m.ir_version = data.draw(st.sampled_from([0, 1, 3, 99]), label="ir version")
     return f"opset: {action}"
 
 
 MUTATIONS = [mutate_attribute, mutate_attribute, mutate_attribute, mutate_node_inputs, mutate_structure,
              mutate_input_shape, mutate_input_shape, mutate_initializer, mutate_dtype, mutate_op_type,
-             mutate_op_type, mutate_opset]
+             mutate_op_type, mutate_opset, mutate_retype]
 
 
 def draw_case(data) -> dict:
@@ -767,3 +786,10 @@ def test_found_gather_with_run_time_indices_never_reads_outside_its_input():
     np.testing.assert_array_equal(mod.run({"d": d, "i": np.array([4, -1, 0])})["y"], [4, 4, 0])
     np.testing.assert_array_equal(mod.run({"d": d, "i": np.array([10 ** 12, -10 ** 12, 7])})["y"],
                                   [4, 0, 4])
+
+
+def test_found_declared_output_type_must_match():
+    m = conv_relu_pool()
+    m.graph.output[0].type.tensor_type.elem_type = TensorProto.DOUBLE   # the model computes float
+    kind, msg = _import_error(m)
+    assert kind == "ModelLoadError" and "graph output 'y'" in msg and "DOUBLE" in msg

@@ -86,11 +86,18 @@ def _sparse_to_dense(sp: onnx.SparseTensorProto) -> np.ndarray:
     return dense
 
 
+def _elem_name(elem_type: int) -> str:
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type)
+    except ValueError:
+        return f"#{elem_type}"
+
+
 def _np_dtype(elem_type: int, where: str):
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
     except Exception:
-        name = onnx.TensorProto.DataType.Name(elem_type) if elem_type else "undefined"
+        name = _elem_name(elem_type) if elem_type else "undefined"
         raise ModelcError(f"{where} has element type {name}, which modelc does not support") from None
 
 
@@ -262,12 +269,12 @@ def _initializer(init: onnx.TensorProto) -> np.ndarray:
     dtype = _np_dtype(init.data_type, where)
     if dtype.kind not in "biuf":
         raise ModelcError(f"{where} has element type "
-                          f"{onnx.TensorProto.DataType.Name(init.data_type)}, which modelc does not support")
+                          f"{_elem_name(init.data_type)}, which modelc does not support")
     try:
         value = numpy_helper.to_array(init)
     except Exception:
         raise ModelLoadError(f"{where} is malformed: its data does not fill its declared shape "
-                             f"{list(init.dims)} of {onnx.TensorProto.DataType.Name(init.data_type)}") from None
+                             f"{list(init.dims)} of {_elem_name(init.data_type)}") from None
     if tuple(value.shape) != tuple(init.dims):
         raise ModelLoadError(f"{where} has {value.size} values for its declared shape {list(init.dims)}")
     return value
@@ -310,7 +317,7 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_ba
         dtype = _np_dtype(tt.elem_type, f"graph input {inp.name!r}")
         if dtype.kind not in "biuf":
             raise ModelcError(f"graph input {inp.name!r} has element type "
-                              f"{onnx.TensorProto.DataType.Name(tt.elem_type)}, which modelc does not support")
+                              f"{_elem_name(tt.elem_type)}, which modelc does not support")
         dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                 for d in tt.shape.dim] if tt.HasField("shape") else None
         if inp.name in override:
@@ -356,7 +363,18 @@ def _static_dims(vi):
 def _compare_with_onnx_inference(proto, bound: dict, graph: Graph):
     declared = set()
     for out in proto.graph.output:
-        dims, t = _static_dims(out), graph.tensors.get(out.name)
+        t = graph.tensors.get(out.name)
+        et = out.type.tensor_type.elem_type if out.type.HasField("tensor_type") else 0
+        if t is not None and t.dtype is not None and et:
+            try:
+                same = np.dtype(helper.tensor_dtype_to_np_dtype(et)) == t.dtype
+            except Exception:
+                same = False
+            if not same:
+                raise ModelLoadError(f"graph output {out.name!r}: the model declares element type "
+                                     f"{_elem_name(et)}, but its nodes compute "
+                                     f"{t.dtype}")
+        dims = _static_dims(out)
         if dims is None or t is None or t.shape is None:
             continue
         declared.add(out.name)
