@@ -95,8 +95,10 @@ def test_float16_model_is_computed_on_the_fallback():
 def test_unsupported_dtype_is_a_modelc_error_naming_tensor_and_dtype(et):
     name = np.dtype(helper.tensor_dtype_to_np_dtype(et)).name
     m = _model([helper.make_node("Neg", ["x"], ["y"], name="negate")], [_vi("x", et, [4])], [_vi("y", et, [4])])
-    with pytest.raises(ModelcError, match=rf"(?s)'x'.*{name.replace('_', '_?')}"):
+    with pytest.raises(ModelcError) as e:
         modelc.compile(m)                   # refused at import, or by compile
+    msg = str(e.value).lower().replace("_", "")
+    assert "'x'" in msg and (name.replace("_", "") in msg or TensorProto.DataType.Name(et).lower() in msg)
     # past the importer (a Graph built by hand): compile names the tensor, its node and dtype
     g = modelc.from_onnx(_model([helper.make_node("Neg", ["x"], ["h"], name="negate"),
                                  helper.make_node("Neg", ["h"], ["y"], name="again")],

@@ -133,7 +133,12 @@ def load(source: str) -> launch.CompiledKernel:
 _WORKER = """\
 import json, select, sys
 from modelc.kernels.cache import _import, _kernel
-while select.select([sys.stdin], [], [], float(sys.argv[1]))[0]:   # idle too long: exit
+def wait():                     # False once idle for too long (where pipes can be polled)
+    try:
+        return bool(select.select([sys.stdin], [], [], float(sys.argv[1]))[0])
+    except (OSError, ValueError):
+        return True
+while wait():
     p = sys.stdin.readline().rstrip("\\n")
     if not p:
         break
