@@ -70,3 +70,28 @@ def test_outputs_keep_their_names_and_values(case):
         assert np.abs(got[name] - want).max() <= 1e-5 * max(np.abs(want).max(), 1e-30), name
     if len(outputs) == 1:
         assert np.array_equal(mod(x), got[outputs[0]])
+
+
+def test_infinite_masks_survive_fast_math():
+    """Attention masks are -inf: kernels must not be compiled assuming finite values (with LLVM's
+    `ninf`, a Pad of -inf followed by an Add folded the padding away)."""
+    F = TensorProto.FLOAT
+    mask = numpy_helper.from_array(np.array([0, 0, 0, -np.inf, -np.inf, 0], np.float32).reshape(1, 1, 1, 6), "mask")
+    pads = numpy_helper.from_array(np.array([0, 0, 0, 0, 0, 0, 0, 2], np.int64), "pads")
+    ninf = numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf")
+    nodes = [helper.make_node("Pad", ["s", "pads", "ninf"], ["p"]),
+             helper.make_node("Add", ["p", "mask"], ["b"]),
+             helper.make_node("Softmax", ["b"], ["y"], axis=-1),
+             helper.make_node("ReduceMax", ["b", "axes"], ["m"], keepdims=1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("s", F, [2, 3, 4, 4])],
+                          [helper.make_tensor_value_info("y", F, [2, 3, 4, 6]),
+                           helper.make_tensor_value_info("m", F, [2, 3, 4, 1])], [mask, pads, ninf, numpy_helper.from_array(np.array([-1], np.int64), "axes")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    s = RNG.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    s[0, 0, 0, :2] = -np.inf                   # a partly masked row (a fully masked one: see notes)
+    mod = modelc.compile(model.SerializeToString())
+    got = mod.run({"s": s})
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name, want in zip(["y", "m"], sess.run(["y", "m"], {"s": s})):
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ModelcError
-from .expr import SUPPORTED
+from .expr import FASTMATH, SUPPORTED
 from .layout import same_as_plain
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue, epilogue_inputs, register, source
@@ -40,7 +40,7 @@ MAX_PANEL_BYTES = 96 * 1024    # a packed B panel on the stack (matmul) stays we
 # approximation (Eigen's / XLA's float32 erf, max abs error 3.3e-7 on [-6, 6]) vectorises.
 # np.divide keeps numba from emitting a division-by-zero check (q <= -0.0142 anyway).
 FAST_ERF = [
-    "@numba.njit(fastmath=True, inline='always')",
+    f"@numba.njit(fastmath={FASTMATH}, inline='always')",
     "def fast_erf(x):",
     "    x = x if x < np.float32(4.0) else np.float32(4.0)",
     "    x = x if x > np.float32(-4.0) else np.float32(-4.0)",

@@ -162,6 +162,13 @@ SUPPORTED = {"Relu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Sin", "
              "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Where"}
 
 
+# The fast-math flags of every generated kernel: LLVM's `fast` less `nnan` and `ninf`. Those two let
+# LLVM assume that no value is NaN or infinite, and attention masks are -inf: with them, a masked
+# Pad + Add kernel folded its -inf padding away and an ONNX attention case returned wrong values
+# (max error 0.2). Reassociation and contraction, which vectorising reductions and FMAs need, stay.
+FASTMATH = "{'afn', 'arcp', 'contract', 'nsz', 'reassoc'}"
+
+
 # numba has no vector exp here (no SVML): a scalar math.exp per element kept SiLU and sigmoid
 # kernels at ~0.5 G elements/s. This one (Cephes' range reduction and polynomial, as the softmax
 # kernels use; relative error ~1e-7) is inlined and vectorises; generated kernels that call it
@@ -169,7 +176,7 @@ SUPPORTED = {"Relu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Sin", "
 FAST_SIGMOID = [
     "from modelc.kernels.reduce import f32_from_bits",
     "",
-    "@numba.njit(fastmath=True, inline='always')",
+    f"@numba.njit(fastmath={FASTMATH}, inline='always')",
     "def fast_sigmoid32(x):",
     "    d = min(max(-x, np.float32(-87.0)), np.float32(87.0))",
     "    t = np.floor(d * np.float32(1.4426950408889634) + np.float32(0.5))",

@@ -71,7 +71,8 @@ def _minmax(name: str):
             suffix = "f32" if lt == llir.FloatType() else "f64"
             f = cgutils.get_or_insert_function(builder.module, llir.FunctionType(lt, [lt, lt]),
                                                f"llvm.{name}.{suffix}")
-            return builder.call(f, args, fastmath=("fast",))
+            # `nnan` lets LLVM vectorise the reduction; never `ninf`: masked rows hold -inf
+            return builder.call(f, args, fastmath=("nnan", "nsz", "arcp", "contract", "afn", "reassoc"))
 
         return a(a, b), codegen
     return fn

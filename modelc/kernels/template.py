@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ModelcError
-from .expr import FAST_SIGMOID, POW_EXACT, ctor, emit, lit
+from .expr import FASTMATH, FAST_SIGMOID, POW_EXACT, ctor, emit, lit
 from .layout import offset
 from .space import Config, ConfigSpace
 from .workload import Workload
@@ -143,7 +143,7 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
            "",
            # error_model='numpy': x / 0 gives inf as ONNX says, instead of raising (and the
            # zero check numba's default inserts would also stop the loop from vectorising)
-           f"@numba.cfunc(types.void({sig}, types.intp, types.intp), fastmath={fastmath}, "
+           f"@numba.cfunc(types.void({sig}, types.intp, types.intp), fastmath={FASTMATH if fastmath else False}, "
            "cache=True, boundscheck=False, error_model='numpy', pipeline_class=NoAliasCompiler)",
            f"def kernel({params}, lo, hi):"]
     out += [f"    {a} = carray(ptr__{k}, len__{k})" for k, a in enumerate(args)]
