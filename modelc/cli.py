@@ -60,8 +60,19 @@ def cmd_info(args):
     macs = graph_macs(graph)
     print(f"MACs    {macs:,} ({macs / 1e9:.3f} G)")
     print("ops     " + ", ".join(f"{op} x{n}" for op, n in graph.op_counts().items()))
+    _print_fallbacks(_fallback_groups(graph))
     if args.graph:
         print(graph)
+
+
+def _fallback_groups(graph) -> list:
+    """(group, why) of the fused groups `compile` would run on the numpy reference."""
+    from .compiler import lower
+    from .kernels.fallback import why
+    from .kernels.workload import Workload
+    from .tune.task import tasks_from_graph
+    return [(t.desc, why(Workload(t.workload))) for t in tasks_from_graph(lower(graph))
+            for _ in range(t.weight) if t.template == "reference"]
 
 
 def cmd_tasks(args):
@@ -110,9 +121,19 @@ def cmd_compile(args):
     print(f"compiled {len(mod.step_names)} kernels in {time.perf_counter() - t0:.1f} s; "
           f"intermediate buffers {mem['planned_bytes'] / 2**20:.1f} MiB "
           f"(one per tensor: {mem['one_buffer_per_tensor_bytes'] / 2**20:.1f} MiB); wrote {out}")
-    if mod.fallbacks:
-        print(f"note: {len(mod.fallbacks)} group(s) run the numpy reference (no kernel template): "
-              + ", ".join(sorted(set(mod.fallbacks))))
+    _print_fallbacks(mod.fallback_reasons)
+
+
+def _print_fallbacks(reasons: list):
+    """Groups that run the numpy reference (not generated, not tunable) and why, once each."""
+    if not reasons:
+        return
+    counts: dict = {}
+    for r in reasons:
+        counts[r] = counts.get(r, 0) + 1
+    print(f"note: {len(reasons)} group(s) run the numpy reference, without generated kernels:")
+    for (desc, why), n in counts.items():
+        print(f"  {desc}{f' (x{n})' if n > 1 else ''}: {why}")
 
 
 def cmd_run(args):

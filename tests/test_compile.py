@@ -222,3 +222,24 @@ def test_concat_of_conv_branches_feeding_a_conv(branch_channels):
     g = helper.make_graph(nodes, "g", [vi("x", F, [1, 16, 9, 11])], [vi("y", F, [1, 32, 9, 11])], inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     _check_against_ort(model, {"x": rng.standard_normal((1, 16, 9, 11)).astype(np.float32)})
+
+
+def test_compile_and_info_say_which_groups_fall_back_and_why(tmp_path, capsys):
+    from modelc.cli import main
+    F = TensorProto.FLOAT
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    zero = numpy_helper.from_array(np.array(0, np.float32), "zero")
+    nodes = [helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=1),   # Hardmax-like: no template
+             helper.make_node("Equal", ["x", "m"], ["e"]),
+             helper.make_node("Where", ["e", "x", "zero"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 5])],
+                          [helper.make_tensor_value_info("y", F, [2, 5])], [axes, zero])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    path = str(tmp_path / "m.onnx")
+    onnx.save(m, path)
+    for argv in (["info", path], ["compile", path, "-q", "-o", str(tmp_path / "m.mc")]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "1 group(s) run the numpy reference" in out, out
+        assert "no kernel template handles ReduceMax -> Equal -> Where" in out, out

@@ -14,6 +14,15 @@ from .template import Kernel, Template, register
 from .workload import Workload
 
 
+def why(wl: Workload) -> str:
+    """Why no generated kernel runs a group: the dtypes kernels do not take, or the op chain."""
+    from .template import _NB
+    odd = sorted({t.dtype.name for t in wl.inputs + wl.outputs} - set(_NB))
+    if odd:
+        return f"tensors of dtype {', '.join(odd)} have no generated kernels"
+    return "no kernel template handles " + " -> ".join(o.op for o in wl.ops)
+
+
 @register
 class Fallback(Template):
     name = "reference"

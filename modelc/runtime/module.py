@@ -24,6 +24,7 @@ from .. import __version__
 from ..errors import InputError, ModelcError
 from ..kernels import cache, launch
 from ..kernels import templates as _templates  # noqa: F401  (registers the templates)
+from ..kernels.fallback import why as fallback_why
 from ..kernels.layout import from_physical, physical_size, same_as_plain, to_physical
 from ..kernels.template import get as get_template
 from ..kernels.workload import Workload
@@ -156,6 +157,9 @@ class Module:
                  for s, k in built if k.source is not None]
         fns = iter(cache.compile_all(sources, jobs=jobs, progress=progress, names=names))
         self.fallbacks = [s["pattern"] for s, k in built if k.source is None]
+        # (group, why) of each group that runs the numpy reference instead of a generated kernel
+        self.fallback_reasons = [(s["desc"], fallback_why(Workload(s["workload"])))
+                                 for s, k in built if k.source is None]
 
         # kernels take writable arrays; constants may be read-only views
         self._const_arrays = {
