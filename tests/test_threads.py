@@ -81,3 +81,25 @@ def test_ten_thousand_runs_do_not_grow_memory(module):
     after = _rss_kib()
     print(f"RSS before {before} KiB, after 10,000 runs {after} KiB ({after - before:+d} KiB)")
     assert after - before < 4096
+
+
+def test_tuning_context_is_per_thread():
+    """`with ApplyHistoryBest(...)` in one thread does not reach a compile in another."""
+    from modelc.tune import dispatch
+    from modelc.tune.records import ApplyHistoryBest
+    seen = {}
+    inside, done = threading.Event(), threading.Event()
+
+    def tuned():
+        with ApplyHistoryBest([]) as ctx:
+            seen["tuned"] = dispatch.current() is ctx
+            inside.set()
+            done.wait(10)
+
+    t = threading.Thread(target=tuned)
+    t.start()
+    inside.wait(10)
+    seen["other"] = dispatch.current()
+    done.set()
+    t.join()
+    assert seen == {"tuned": True, "other": None}
