@@ -172,6 +172,8 @@ def cast(ctx, node):
             to = TensorProto.DataType.Value(to.upper())
         except ValueError:
             raise ModelcError(f"{node.where()}: unknown type {to!r}") from None
+    if int(to) not in TensorProto.DataType.values():
+        raise ModelcError(f"{node.where()}: attribute 'to' = {to} is not an ONNX element type")
     try:
         onnx_dtype(to)
     except ValueError:

@@ -222,6 +222,12 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
             raise ModelLoadError(f"sparse initializer {sp.values.name!r} is malformed: {e}") from None
         init_names.add(sp.values.name)
 
+    for inp in g.input:       # an initializer also listed as an input (a default the caller
+        if inp.name in init_names:   # may not override here) must match its declaration
+            dims, value = _static_dims(inp), graph.tensors[inp.name].value
+            if dims is not None and tuple(dims) != tuple(value.shape):
+                raise ModelLoadError(f"initializer {inp.name!r} has shape {list(value.shape)}, but the "
+                                     f"graph input of that name declares {dims}")
     bound = _bind_inputs(g, init_names, shape or {}, default_batch)
     for name, (shp, dtype) in bound.items():
         graph.add_tensor(name, shp, dtype)
