@@ -19,7 +19,8 @@ def results():
 
 
 def test_no_supported_case_fails(results):
-    failed = [f"{r.name}: {r.reason}" for r in results.values() if r.status == conformance.FAILED]
+    failed = [f"{r.name}: {r.status}: {r.reason}" for r in results.values()
+              if r.status in (conformance.FAILED, conformance.CRASHED)]
     assert not failed, f"{len(failed)} conformance case(s) fail:\n" + "\n".join(failed)
 
 
