@@ -172,7 +172,12 @@ class _Worker:
         """("ok", ""), ("error", message), ("died", how) or ("gone", "") if it exited idle."""
         self.count += 1
         pos = self.err.seek(0, os.SEEK_END)
-        timer = threading.Timer(timeout, self.proc.kill) if timeout else None
+        timed_out = []
+
+        def kill():
+            timed_out.append(True)
+            self.proc.kill()
+        timer = threading.Timer(timeout, kill) if timeout else None
         started = False
         try:
             self.proc.stdin.write(path + "\n")
@@ -197,8 +202,8 @@ class _Worker:
             return "gone", ""
         how = (f"killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
                else f"exit status {rc}")
-        if timer and not timer.is_alive() and rc < 0:
-            how += f" (timeout {timeout:g} s)"
+        if timed_out:
+            how = f"killed after the timeout of {timeout:g} s"
         self.err.seek(pos)
         tail = " ".join(self.err.read()[-2000:].split())
         return "died", how + (f": {tail}" if tail else "")
