@@ -243,3 +243,42 @@ def test_compile_and_info_say_which_groups_fall_back_and_why(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "1 group(s) run the numpy reference" in out, out
         assert "no kernel template handles ReduceMax -> Equal -> Where" in out, out
+
+
+@pytest.mark.parametrize("chain", ["max_equal_where", "logsumexp", "normalize", "masked_rows"])
+def test_reductions_whose_results_broadcast_back_get_kernels(chain):
+    """x == max(x), x - max(x), x / sum(x): the reduction is one kernel, the broadcast back another
+    (they fell back to numpy as one group); a chain that ends in a compare changes type."""
+    F = TensorProto.FLOAT
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    c = {"ninf": numpy_helper.from_array(np.array(-np.inf, np.float32), "ninf"),
+         "zero": numpy_helper.from_array(np.array(0, np.float32), "zero")}
+    mk = helper.make_node
+    nodes = {
+        "max_equal_where": [mk("ReduceMax", ["x", "axes"], ["m"], keepdims=1), mk("Equal", ["x", "m"], ["e"]),
+                            mk("Where", ["e", "x", "zero"], ["y"])],
+        "logsumexp": [mk("ReduceMax", ["x", "axes"], ["m"], keepdims=1), mk("Sub", ["x", "m"], ["d"]),
+                      mk("Exp", ["d"], ["ex"]), mk("ReduceSum", ["ex", "axes"], ["s"], keepdims=1),
+                      mk("Log", ["s"], ["l"]), mk("Add", ["l", "m"], ["y"])],
+        "normalize": [mk("Abs", ["x"], ["a"]), mk("ReduceSum", ["a", "axes"], ["s"], keepdims=1),
+                      mk("Div", ["x", "s"], ["y"])],
+        # a row is fully masked when its max is -inf (ONNX Attention's safe softmax)
+        "masked_rows": [mk("ReduceMax", ["x", "axes"], ["m"], keepdims=1), mk("Equal", ["m", "ninf"], ["e"]),
+                        mk("Where", ["e", "zero", "x"], ["y"])],
+    }[chain]
+    out_shape = [3, 4, 1] if chain == "logsumexp" else [3, 4, 7]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [3, 4, 7])],
+                          [helper.make_tensor_value_info("y", F, out_shape)], [axes, *c.values()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.random.default_rng(0).standard_normal((3, 4, 7)).astype(np.float32)
+    x[1, 2] = -np.inf
+    x[0, 0, :3] = -np.inf
+    if chain in ("logsumexp", "normalize"):
+        x[x == -np.inf] = -30.0
+    model.ir_version = 8
+    mod = modelc.compile(model.SerializeToString())
+    assert not mod.fallbacks, f"groups without a kernel: {mod.fallbacks}"
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = mod(x)
+    scale = np.abs(want[np.isfinite(want)]).max()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)     # infinities must match exactly

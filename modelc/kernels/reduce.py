@@ -454,7 +454,11 @@ class Reduce(Template):
 
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
-        if a.op not in REDUCES or not a.args[0].startswith("i") or not _plain_float(wl, a.args[0]):
+        if a.op not in REDUCES or not a.args[0].startswith("i"):
+            return False
+        # the epilogue may end in another type (ReduceMax -> Equal gives bool)
+        x = wl.spec(a.args[0])
+        if x.layout is not None or x.dtype not in (np.float32, np.float64) or wl.outputs[0].layout is not None:
             return False
         return _reduce_axes(wl) is not None and chain_ok(wl)
 
@@ -481,7 +485,7 @@ class Reduce(Template):
     def build(self, wl: Workload, cfg) -> Kernel:
         g = _reduce_geometry(wl)
         op = wl.anchor.op
-        dt = wl.outputs[0].dtype
+        dt = wl.spec(wl.anchor.args[0]).dtype        # the reduction's type; the epilogue may change it
         T = ctor(dt)
         summing = op not in ("ReduceMax", "ReduceMin")
         at = np.dtype(np.float64) if summing and g["count"] > 1024 else np.dtype(dt)

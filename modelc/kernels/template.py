@@ -187,11 +187,14 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
     against the output index) and scalar constants (inlined as literals).
     """
     lines, names = [], {start_ref: value}
+    kinds = {start_ref: np.dtype(dtype)}
     for j, op in enumerate(ops):
         exprs, consts, dts = [], {}, []
+        # each op computes in its own result type (a chain may end in a compare or a Cast)
+        op_dt = _value_dtype(wl, f"v{op.index}", dtype)
         for pos, a in enumerate(op.args):
             dts.append(wl.inputs[int(a[1:])].dtype if a.startswith("i") and a not in names else
-                       np.dtype(dtype))
+                       wl.params[a].dtype if a.startswith("p") else kinds.get(a, np.dtype(dtype)))
             if not a:
                 exprs.append("")
             elif a in names:
@@ -201,7 +204,7 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
                 if v.size != 1:
                     raise ModelcError(f"epilogue constant {a} of shape {v.shape} is not a scalar")
                 consts[pos] = v.reshape(())
-                exprs.append(lit(v, dtype))
+                exprs.append(lit(v, v.dtype))
             elif a.startswith("i"):
                 k = int(a[1:])
                 t = wl.inputs[k]
@@ -210,9 +213,17 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
             else:
                 raise ModelcError(f"epilogue operand {a} is not available")
         name = f"{var}{j}"
-        lines.append(f"{name} = {emit(op.op, exprs, op.attrs, dtype, consts, dts)}")
+        lines.append(f"{name} = {emit(op.op, exprs, op.attrs, op_dt, consts, dts)}")
         names[f"v{op.index}"] = name
+        kinds[f"v{op.index}"] = op_dt
     return lines, names.get(f"v{ops[-1].index}", value) if ops else value
+
+
+def _value_dtype(wl: Workload, ref: str, default) -> np.dtype:
+    try:
+        return wl.spec(ref).dtype
+    except (KeyError, ModelcError):
+        return np.dtype(default)
 
 
 def epilogue_inputs(ops: list) -> list:
@@ -220,5 +231,6 @@ def epilogue_inputs(ops: list) -> list:
     return sorted({int(a[1:]) for op in ops for a in op.args if a.startswith("i")})
 
 
-__all__ = ["KERNEL_DTYPES", "FALLBACK_DTYPES", "unsupported_dtype", "Kernel", "Template", "TEMPLATES", "register", "select", "alternatives", "get", "source",
-           "epilogue", "epilogue_inputs", "broadcast_index", "ctor", "lit"]
+__all__ = ["KERNEL_DTYPES", "FALLBACK_DTYPES", "unsupported_dtype", "Kernel", "Template", "TEMPLATES",
+           "register", "select", "alternatives", "get", "source", "epilogue", "epilogue_inputs",
+           "broadcast_index", "ctor", "lit"]

@@ -4,7 +4,8 @@ Rules, applied along single-consumer chains in topological order:
 - a conv, dense or matmul (out-elementwise-fusable) absorbs the elementwise and broadcast ops that
   follow it and keep its output shape: bias, activation, residual add, clip, per-channel scale;
 - injective, elementwise and broadcast ops fuse together;
-- a reduction absorbs the elementwise ops after it, but not the ops before it (TVM lets an injective
+- a reduction absorbs the elementwise ops after it that keep its output's shape, but not the ops
+  before it (TVM lets an injective
   chain end in a reduction; our reduction templates read their input directly, and such a group
   would otherwise run on the numpy fallback);
 - opaque ops stand alone.
@@ -48,11 +49,16 @@ def _anchor_allow(graph: Graph, shape):
     return allow
 
 
-def _chain_allow(node, state):
-    k = _kind(node)
-    if state["reduced"]:
-        return k <= Kind.BROADCAST
-    return k <= Kind.INJECTIVE
+def _chain_allow(graph: Graph, shape):
+    def allow(node, state):
+        k = _kind(node)
+        if state["reduced"]:
+            # only while the chain keeps the reduction's shape: an op that broadcasts the result
+            # back over the reduced axes (x == max(x), x - max(x)) reads the reduction's input
+            # again, which the reduction templates' epilogues cannot; it starts a group of its own
+            return k <= Kind.BROADCAST and graph.tensors[node.outputs[0]].shape == shape
+        return k <= Kind.INJECTIVE
+    return allow
 
 
 def _is_param(graph: Graph, node: Node, index: int, name: str) -> bool:
@@ -125,7 +131,8 @@ def fuse(graph: Graph) -> Graph:
             group = _grow(graph, [node], _anchor_allow(graph, graph.tensors[node.outputs[0]].shape),
                           done)
         elif k <= Kind.REDUCTION:
-            group = _grow(graph, [node], _chain_allow, done)
+            out = next((o for o in node.outputs if o), None)
+            group = _grow(graph, [node], _chain_allow(graph, graph.tensors[out].shape if out else None), done)
         else:
             group = [node]
         done.update(n.name for n in group)
