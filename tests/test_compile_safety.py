@@ -135,5 +135,6 @@ def test_every_elementwise_expression_links_for_every_dtype(fresh_cache):
 
 
 def test_kernel_compile_that_hangs_is_stopped_by_the_timeout(fresh_cache):
-    with pytest.raises(ModelcError, match=r"k_\w+\.py \(op Slow\) killed its worker process \(killed after the timeout of 3 s\)"):
+    with pytest.raises(ModelcError, match=r"k_\w+\.py \(op Slow\) killed its worker process "
+                                          r"\(killed after the timeout of 3 s\)"):
         cache.compile_all(["import time\ntime.sleep(60)\n"], names=["op Slow"], timeout=3)
