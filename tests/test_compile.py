@@ -282,3 +282,30 @@ def test_reductions_whose_results_broadcast_back_get_kernels(chain):
     got = mod(x)
     scale = np.abs(want[np.isfinite(want)]).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)     # infinities must match exactly
+
+
+@pytest.mark.parametrize("attrs,b_const,c_shape", [({"transA": 1}, True, (6,)), ({}, False, (4, 6)),
+                                                   ({"transB": 1, "alpha": 0.5, "beta": 2.0}, False, (1, 6)),
+                                                   ({"alpha": 3.0}, True, (4, 6)), ({"transA": 1, "transB": 1}, False, None)])
+def test_gemm_in_any_form_gets_kernels(attrs, b_const, c_shape):
+    """A Gemm that is not a dense layer is rewritten as Transpose / MatMul / Mul / Add."""
+    F = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    a_shape = (5, 4) if attrs.get("transA") else (4, 5)
+    b_shape = (6, 5) if attrs.get("transB") else (5, 6)
+    inputs, inits, feeds = [helper.make_tensor_value_info("a", F, list(a_shape))], [], {}
+    feeds["a"] = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    if b_const:
+        inits.append(numpy_helper.from_array(b, "b"))
+    else:
+        inputs.append(helper.make_tensor_value_info("b", F, list(b_shape)))
+        feeds["b"] = b
+    names = ["a", "b"]
+    if c_shape:
+        inputs.append(helper.make_tensor_value_info("c", F, list(c_shape)))
+        feeds["c"] = rng.standard_normal(c_shape).astype(np.float32)
+        names.append("c")
+    g = helper.make_graph([helper.make_node("Gemm", names, ["y"], **attrs)], "g", inputs,
+                          [helper.make_tensor_value_info("y", F, [4, 6])], inits)
+    _check_against_ort(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), feeds)

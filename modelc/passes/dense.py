@@ -18,6 +18,20 @@ def _replace(graph: Graph, old: Node, new: Node):
     graph.add_node(new, order)
 
 
+def _gemm_is_dense(graph: Graph, node: Node) -> bool:
+    """A Gemm with constant B, no transA, and a bias C of one row at most."""
+    a = node.attrs
+    b = graph.value(node.inputs[1])
+    if b is None or b.ndim != 2 or a.get("transA", 0):
+        return False
+    n = b.shape[0] if a.get("transB", 0) else b.shape[1]
+    if len(node.inputs) > 2 and node.inputs[2]:
+        c = graph.value(node.inputs[2])
+        if c is None or c.size != n or (c.ndim == 2 and c.shape[0] != 1):
+            return False
+    return True
+
+
 def _to_dense(graph: Graph, node: Node) -> Node | None:
     if node.op_type == "MatMul":
         w = graph.value(node.inputs[1])
@@ -25,17 +39,13 @@ def _to_dense(graph: Graph, node: Node) -> Node | None:
             return None
         return Node(node.name, "Dense", [node.inputs[0], node.inputs[1]], list(node.outputs), {},
                     node.onnx_name)
-    if node.op_type == "Gemm":
+    if node.op_type == "Gemm" and _gemm_is_dense(graph, node):
         a = node.attrs
         b = graph.value(node.inputs[1])
-        if b is None or a.get("transA", 0):
-            return None
         n = b.shape[0] if a.get("transB", 0) else b.shape[1]
         bias = None
         if len(node.inputs) > 2 and node.inputs[2]:
             c = graph.value(node.inputs[2])
-            if c is None or c.size != n or (c.ndim == 2 and c.shape[0] != 1):
-                return None
             bias = c.reshape(n).astype(np.float64) * float(a.get("beta", 1.0))
         w = (b.T if a.get("transB", 0) else b).astype(np.float64) * float(a.get("alpha", 1.0))
         dtype = b.dtype
@@ -64,7 +74,61 @@ def _absorb_bias(graph: Graph, dense: Node):
     _replace(graph, dense, new)
 
 
+def _decompose_gemm(graph: Graph, node: Node):
+    """alpha * A' @ B' + beta * C as Transpose / MatMul / Mul / Add, for the Gemms that are not a
+    dense layer (B computed, transA, C a full matrix): the parts have kernels, Gemm as such has none."""
+    x, b = node.inputs[0], node.inputs[1]
+    c = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+    dt = graph.tensors[x].dtype
+    if dt.kind != "f" or len(graph.tensors[x].shape) != 2 or len(graph.tensors[b].shape) != 2:
+        return
+    a = node.attrs
+    order = graph.nx.nodes[node.name]["order"]
+    new = []
+
+    def emit(op, inputs, shape, attrs=None, out=None):
+        name = out or graph.fresh_name(f"{node.name}_{op.lower()}")
+        if out is None:
+            graph.add_tensor(name, tuple(shape), dt)
+        new.append(Node(graph.fresh_name(f"{node.name}_{op.lower()}"), op, inputs, [name], attrs or {},
+                        node.onnx_name))
+        return name
+
+    def scalar(v):
+        return graph.add_const(graph.fresh_name(f"{node.name}_scale"), np.array(v, dt))
+
+    def operand(t, trans):
+        if not trans:
+            return t
+        shape = graph.tensors[t].shape[::-1]
+        v = graph.value(t)
+        if v is not None:
+            return graph.add_const(graph.fresh_name(f"{t}_t"), np.ascontiguousarray(v.T))
+        return emit("Transpose", [t], shape, {"perm": [1, 0]})
+
+    xa, bb = operand(x, a.get("transA", 0)), operand(b, a.get("transB", 0))
+    out = node.outputs[0]
+    shape = graph.tensors[out].shape
+    alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
+    last = c is None or beta == 0.0
+    y = emit("MatMul", [xa, bb], shape, out=out if last and alpha == 1.0 else None)
+    if alpha != 1.0:
+        y = emit("Mul", [y, scalar(alpha)], shape, out=out if last else None)
+    if not last:
+        cv = graph.value(c)
+        if beta != 1.0:
+            c = graph.add_const(graph.fresh_name(f"{c}_beta"), (cv * beta).astype(dt)) if cv is not None \
+                else emit("Mul", [c, scalar(beta)], graph.tensors[c].shape)
+        emit("Add", [y, c], shape, out=out)
+    graph.remove_node(node.name, drop_outputs=False)
+    for n in new:
+        graph.add_node(n, order)
+
+
 def to_dense(graph: Graph) -> Graph:
+    for node in graph.topo():
+        if node.op_type == "Gemm" and not _gemm_is_dense(graph, node):
+            _decompose_gemm(graph, node)
     for node in graph.topo():
         dense = _to_dense(graph, node)
         if dense is not None:
