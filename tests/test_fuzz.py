@@ -895,3 +895,15 @@ def test_found_initializer_listed_as_input_must_match_its_declaration():
     m.graph.input.append(_vi("c", [0, 2]))
     kind, msg = _import_error(m)
     assert kind == "ModelLoadError" and "initializer 'c' has shape [4]" in msg
+
+
+def test_found_flag_attributes_are_0_or_1_and_resize_scales_finite():
+    m = select_split()
+    m.graph.node[-1].attribute.append(helper.make_attribute("largest", -1))   # onnxruntime: smallest
+    assert _import_error(m) == ("ModelLoadError", "node 'topk' (TopK): attribute 'largest' = -1, "
+                                                  "expected 0 or 1")
+    m = select_split()
+    m.graph.initializer[3].CopyFrom(numpy_helper.from_array(np.array([1, 2, np.inf], np.float32),
+                                                            "scales"))
+    kind, msg = _import_error(m)
+    assert kind == "ShapeError" and "must be finite and positive" in msg

@@ -19,6 +19,14 @@ _OPTIONAL = defs.OpSchema.FormalParameterOption.Optional
 _VARIADIC = defs.OpSchema.FormalParameterOption.Variadic
 
 
+# INT attributes that are flags: onnxruntime reads some as `!= 0` and others as `== 1`, so a value
+# other than 0 and 1 (largest=-1) means different things to different runtimes; it is refused
+FLAGS = {"keepdims", "transA", "transB", "ceil_mode", "count_include_pad", "largest", "sorted",
+         "allowzero", "noop_with_empty_axes", "select_last_index", "exclusive", "reverse", "upper",
+         "detect_negative", "detect_positive", "training_mode", "is_test", "broadcast",
+         "storage_order", "center_point_box", "fmod", "new_axis", "layout"}
+
+
 def _type_name(t) -> str:
     return AttributeProto.AttributeType.Name(int(t)) if int(t) in AttributeProto.AttributeType.values() \
         else str(int(t))
@@ -100,6 +108,8 @@ def check_node(n: onnx.NodeProto, index: int, opset: int):
         if int(a.type) != int(decl.type):
             raise ModelLoadError(f"{where}: attribute {a.name!r} is of type {_type_name(a.type)}, "
                                  f"expected {_type_name(decl.type)}")
+        if a.name in FLAGS and a.type == AttributeProto.INT and a.i not in (0, 1):
+            raise ModelLoadError(f"{where}: attribute {a.name!r} = {a.i}, expected 0 or 1")
     for name, decl in s.attributes.items():
         if decl.required and name not in seen:
             raise ModelLoadError(f"{where} lacks the required attribute {name!r}")

@@ -636,8 +636,8 @@ def _resize_plan(shape, roi, scales, sizes, axes, policy):
             raise ValueError(f"unknown keep_aspect_ratio_policy {policy!r}")
     elif scales is not None:
         sc32 = np.asarray(scales, dtype=np.float32).reshape(-1)
-        if len(sc32) != len(axes) or (sc32 <= 0).any():
-            raise ValueError(f"scales {sc32.tolist()} must be positive, one per resized axis")
+        if len(sc32) != len(axes) or not (np.isfinite(sc32) & (sc32 > 0)).all():
+            raise ValueError(f"scales {sc32.tolist()} must be finite and positive, one per resized axis")
         # float32 product, as ONNX shape inference and onnxruntime compute it
         sz = [int(np.floor(s * np.float32(shape[a]))) for s, a in zip(sc32, axes)]
         sc = [float(s) for s in sc32]
