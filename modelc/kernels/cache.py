@@ -10,13 +10,13 @@ from __future__ import annotations
 import atexit
 import glob
 import hashlib
-import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import types
 import threading
 import time
 
@@ -34,8 +34,14 @@ def cache_root() -> str:
 
 
 def kernel_dir() -> str:
+    """The kernel folder. numba's cache files in it are loaded as machine code (and its index is a
+    pickle), so a folder that another user could write to is refused, as ssh refuses such keys."""
     d = os.path.join(cache_root(), "kernels")
-    os.makedirs(d, exist_ok=True)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.stat(d)
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        raise ModelcError(f"kernel cache {d!r} is writable by other users (or not yours): modelc loads "
+                          "compiled code from it; fix its permissions or set MODELC_CACHE_DIR")
     return d
 
 
@@ -62,8 +68,7 @@ _HELPER_MODULES = ("launch.py", "stack.py", "reduce.py")     # imported by gener
 
 
 def source_path(source: str) -> str:
-    digest = hashlib.sha256((target_tag() + "\n" + source).encode()).hexdigest()[:24]
-    return os.path.join(kernel_dir(), f"k_{digest}.py")
+    return source_path_for(os.path.join(kernel_dir(), "k"), source)
 
 
 def is_compiled(path: str) -> bool:
@@ -71,9 +76,21 @@ def is_compiled(path: str) -> bool:
     return bool(glob.glob(os.path.join(os.path.dirname(path), "__pycache__", f"{stem}.*.nbi")))
 
 
+def _digest_ok(path: str, text: str) -> bool:
+    """A kernel file's name is the hash of its text (and target): a changed file is caught."""
+    return os.path.basename(path) == os.path.basename(source_path_for(path, text))
+
+
+def source_path_for(path: str, source: str) -> str:
+    digest = hashlib.sha256((target_tag() + "\n" + source).encode()).hexdigest()[:24]
+    return os.path.join(os.path.dirname(path), f"k_{digest}.py")
+
+
 def _write(path: str, source: str):
     if os.path.exists(path):
-        return
+        with open(path, encoding="utf-8", errors="replace") as f:
+            if f.read() == source:
+                return
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(source)
@@ -85,11 +102,17 @@ def _import(path: str):
     if path in _loaded:
         return _loaded[path]
     name = "modelc_kernel_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if not _digest_ok(path, text):
+        raise ModelcError(f"kernel cache file {path!r} does not hold the source its name is the hash "
+                          "of (modified or corrupt); delete it and compile again")
+    # executed from the text just checked, never from a .pyc that could have been put beside it
+    mod = types.ModuleType(name)
+    mod.__file__ = path
     sys.modules[name] = mod          # numba's cache resolves functions through their module
     try:
-        spec.loader.exec_module(mod)
+        exec(compile(text, path, "exec"), mod.__dict__)
     except Exception as e:
         sys.modules.pop(name, None)
         raise ModelcError(f"kernel {os.path.basename(path)} failed to compile: "
