@@ -103,3 +103,25 @@ def test_tuning_context_is_per_thread():
     done.set()
     t.join()
     assert seen == {"tuned": True, "other": None}
+
+
+def test_without_memory_for_more_buffers_callers_wait_their_turn(monkeypatch):
+    from modelc import memory
+    mod = modelc.compile(_model())
+    monkeypatch.setattr(memory, "available_bytes", lambda: 0)
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((1, 8, 8, 8)).astype(np.float32) for _ in range(4)]
+    want = [mod.run({"x": x})["y"] for x in xs]
+    wrong = []
+
+    def work(k):
+        for _ in range(20):
+            wrong.append(not np.array_equal(mod.run({"x": xs[k]})["y"], want[k]))
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert len(wrong) == 80 and not any(wrong)
+    assert mod.memory_report()["contexts"] == 1

@@ -177,20 +177,32 @@ class Module:
         self._in = [(i["name"], tuple(i["shape"]), np.dtype(i["dtype"])) for i in self.input_specs]
         self._out = [(o["name"], tuple(o["shape"]), o) for o in self.output_specs]
         self._tensors = tensors
-        self._pool_lock = threading.Lock()
+        self._pool = threading.Condition()
         self._free = [_Context(self)]
         self._contexts = 1
 
     def _acquire(self) -> _Context:
-        with self._pool_lock:
-            if self._free:
+        """A free buffer set, or a new one while memory allows; else wait for one to be released."""
+        with self._pool:
+            while not self._free:
+                if memory.available_bytes() > 2 * self.plan.planned_bytes:
+                    self._contexts += 1
+                    break
+                self._pool.wait()
+            else:
                 return self._free.pop()
-            self._contexts += 1
-        return _Context(self)
+        try:
+            return _Context(self)
+        except MemoryError:
+            with self._pool:
+                self._contexts -= 1
+            raise memory.OutOfMemoryError(f"no memory for another set of {self.plan.planned_bytes} "
+                                          "bytes of activation buffers") from None
 
     def _release(self, ctx: _Context):
-        with self._pool_lock:
+        with self._pool:
             self._free.append(ctx)
+            self._pool.notify()
 
     # ---- running --------------------------------------------------------------------------------
     def run(self, feeds: dict) -> dict:
