@@ -907,3 +907,10 @@ def test_found_flag_attributes_are_0_or_1_and_resize_scales_finite():
                                                             "scales"))
     kind, msg = _import_error(m)
     assert kind == "ShapeError" and "must be finite and positive" in msg
+
+
+def test_found_resize_modes_are_checked_at_import():
+    m = select_split()
+    m.graph.node[7].attribute.append(helper.make_attribute("coordinate_transformation_mode", "SAME_UPPER"))
+    kind, msg = _import_error(m)
+    assert kind == "ShapeError" and "node 'resize' (Resize)" in msg and "'SAME_UPPER' is not one of" in msg

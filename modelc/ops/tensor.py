@@ -616,6 +616,9 @@ def space_to_depth(x, *, blocksize, mode="DCR"):
 # follows ONNX's reference implementation, whose results the conformance cases hold.
 
 RESIZE_MODES = ("nearest", "linear", "cubic")
+RESIZE_CTMS = ("half_pixel", "pytorch_half_pixel", "half_pixel_symmetric", "align_corners", "asymmetric",
+               "tf_half_pixel_for_nn", "tf_crop_and_resize")
+RESIZE_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
 def _resize_plan(shape, roi, scales, sizes, axes, policy):
@@ -656,6 +659,12 @@ def _resize_infer(x, roi=None, scales=None, sizes=None, *, axes=None,
                   keep_aspect_ratio_policy="stretch", mode="nearest", **attrs):
     if mode not in RESIZE_MODES:
         raise ValueError(f"unknown Resize mode {mode!r}")
+    for name, value, allowed in (("coordinate_transformation_mode",
+                                  attrs.get("coordinate_transformation_mode", "half_pixel"), RESIZE_CTMS),
+                                 ("nearest_mode", attrs.get("nearest_mode", "round_prefer_floor"),
+                                  RESIZE_NEAREST)):
+        if value not in allowed:       # checked at import: the kernel template reads them too
+            raise ValueError(f"{name} {value!r} is not one of {list(allowed)}")
     plan = _resize_plan(x.shape, None, _known(scales, "scales"), _known(sizes, "sizes"), axes,
                         keep_aspect_ratio_policy)   # roi never changes the output shape
     shape = list(x.shape)
