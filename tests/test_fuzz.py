@@ -914,3 +914,13 @@ def test_found_resize_modes_are_checked_at_import():
     m.graph.node[7].attribute.append(helper.make_attribute("coordinate_transformation_mode", "SAME_UPPER"))
     kind, msg = _import_error(m)
     assert kind == "ShapeError" and "node 'resize' (Resize)" in msg and "'SAME_UPPER' is not one of" in msg
+
+
+def test_found_absurd_sizes_are_shape_errors_at_import():
+    m = pad_pool_reduce()
+    for out in m.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    m.graph.initializer[0].CopyFrom(_const("pads", [0, 0, 1, 1, 0, 0, 0, 2 ** 50]))
+    kind, msg = _import_error(m)
+    assert kind == "ShapeError" and "node 'pad' (Pad): output 'p'" in msg and "more elements" in msg
+    assert _import_error(pad_pool_reduce(), shape={"x": "1,3,4,5"})[0] == "ShapeError"

@@ -8,6 +8,7 @@ are static, so a disagreement surfaces at import rather than as a wrong answer l
 """
 from __future__ import annotations
 
+import math
 import operator
 import os
 import warnings
@@ -24,6 +25,8 @@ from . import legacy  # noqa: F401  (registers the opset converters)
 from .validate import check_node, check_text, check_types, schema
 
 ONNX_DOMAINS = ("", "ai.onnx")
+# a tensor larger than this is a malformed model, not a big one (the memory check sees the rest)
+MAX_DIM, MAX_ELEMENTS = 2 ** 40, 2 ** 50
 WINDOW_OPS = {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
               "MaxUnpool", "DeformConv"}
 WINDOW_LISTS = {"strides", "pads", "dilations", "output_padding", "output_shape"}
@@ -166,6 +169,11 @@ class Context:
             ins.append(t if t.value is not None or i not in self.known else
                        Tensor(t.name, t.shape, t.dtype, self.known[i]))
         outs = ops.infer(node, ins)
+        for o in outs:
+            if o.shape is not None and (any(d > MAX_DIM for d in o.shape) or
+                                        math.prod(o.shape) > MAX_ELEMENTS):
+                raise ShapeError(f"{node.where()}: output {o.name!r} would have shape {list(o.shape)}, "
+                                 f"more elements than modelc can address (at most {MAX_ELEMENTS:.2e})")
         self.graph.add_node(node)
         for o in outs:
             if not o.name:
@@ -327,6 +335,9 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_ba
         dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                 for d in tt.shape.dim] if tt.HasField("shape") else None
         if inp.name in override:
+            if isinstance(override[inp.name], (str, bytes)) or not hasattr(override[inp.name], "__iter__"):
+                raise ShapeError(f"shape override {override[inp.name]!r} for input {inp.name!r} is not "
+                                 "a list of integers")
             try:
                 shp = tuple(int(operator.index(d)) for d in override[inp.name])
             except TypeError:
@@ -355,6 +366,9 @@ def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_ba
                     f"input {inp.name!r} has shape {dims} with unknown dimensions; pass concrete "
                     f"shapes, e.g. shape={{{inp.name!r}: (1, ...)}}")
             shp = tuple(dims)
+        if any(d > MAX_DIM for d in shp) or math.prod(shp) > MAX_ELEMENTS:
+            raise ShapeError(f"input {inp.name!r} has shape {list(shp)}, more elements than modelc can "
+                             f"address (at most {MAX_ELEMENTS:.2e})")
         bound[inp.name] = (shp, dtype)
     return bound
 
