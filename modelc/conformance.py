@@ -23,6 +23,7 @@ PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 PASSED_FALLBACK = "passed (fallback)"   # through compile, part of the graph on the numpy fallback
 CRASHED = "crash"                       # a raw exception, or the case killed its worker process
 STATUSES = (PASSED, PASSED_FALLBACK, FAILED, CRASHED, NOT_RUN)
+FOLDED = "folded to constants: no kernel ran"   # the reason of a case passed with no step at all
 
 
 @dataclass
@@ -113,7 +114,7 @@ def _run_case(case, backend) -> CaseResult:
         problem = _value_type_problem(vi)
         if problem:
             return CaseResult(case.name, op_types, NOT_RUN, "unsupported " + problem)
-    fallbacks = set()
+    fallbacks, steps = set(), 0
     try:
         for inputs, expected in case.data_sets:
             names = [i.name for i in model.graph.input]
@@ -130,6 +131,7 @@ def _run_case(case, backend) -> CaseResult:
                     from .compiler import compile as compile_graph
                     mod = compile_graph(graph, jobs=1)
                     fallbacks.update(mod.fallbacks)
+                    steps += len(mod.program["steps"])
                     got = mod.run(feeds)
                 else:
                     got = reference.run(graph, feeds)
@@ -155,6 +157,8 @@ def _run_case(case, backend) -> CaseResult:
         return CaseResult(case.name, op_types, CRASHED, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
     if fallbacks:
         return CaseResult(case.name, op_types, PASSED_FALLBACK, "no kernel: " + ", ".join(sorted(fallbacks)))
+    if backend == "compile" and not steps:
+        return CaseResult(case.name, op_types, PASSED, FOLDED)
     return CaseResult(case.name, op_types, PASSED)
 
 
@@ -385,7 +389,9 @@ def summarize(results: list[CaseResult], out=sys.stdout, verbose: bool = False, 
     by_status = collections.Counter(r.status for r in results)
     if backend == "compile":
         print(f"ONNX conformance through modelc.compile: {len(results)} cases", file=out)
+        folded = sum(r.status == PASSED and r.reason == FOLDED for r in results)
         rows = [("passed, generated kernels only", by_status[PASSED]),
+                ("  of which folded to constants", folded),
                 ("passed, with the numpy fallback", by_status[PASSED_FALLBACK]),
                 ("failed", by_status[FAILED]), ("crashed", by_status[CRASHED]),
                 ("not run", by_status[NOT_RUN])]
