@@ -56,10 +56,11 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
     dt = np.dtype(dtype)
     a = args[0] if args else None
     L = lambda x: _f(dt, x)  # noqa: E731
+    adt0 = np.dtype((arg_dtypes or [None])[0] or dt)
     unary = {
         "Relu": lambda: f"max({a}, {L(0)})",
-        "Neg": lambda: f"(-{a})",
-        "Abs": lambda: f"abs({a})",
+        "Neg": lambda: _int(f"(-{a})", dt),
+        "Abs": lambda: _int(f"abs({a})", dt),
         "Exp": lambda: f"math.exp({a})",
         "Log": lambda: f"math.log({a})",
         "Sqrt": lambda: f"math.sqrt({a})",
@@ -67,9 +68,19 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
         "Erf": lambda: f"math.erf({a})",
         "Sin": lambda: f"math.sin({a})",
         "Cos": lambda: f"math.cos({a})",
+        "Tan": lambda: f"math.tan({a})",
+        "Asin": lambda: f"math.asin({a})",
+        "Acos": lambda: f"math.acos({a})",
+        "Atan": lambda: f"math.atan({a})",
+        "Sinh": lambda: f"math.sinh({a})",
+        "Cosh": lambda: f"math.cosh({a})",
+        "Asinh": lambda: f"math.asinh({a})",
+        "Acosh": lambda: f"math.acosh({a})",
+        "Atanh": lambda: f"math.atanh({a})",
         "Floor": lambda: f"np.floor({a})",
         "Ceil": lambda: f"np.ceil({a})",
-        "Sign": lambda: f"np.sign({a})",
+        "Round": lambda: f"np.rint({a})" if dt.kind == "f" else a,     # half to even
+        "Sign": lambda: _int(f"np.sign({a})", dt),
         "Reciprocal": lambda: f"({L(1)} / {a})",
         "Sigmoid": lambda: (f"fast_sigmoid32({a})" if dt == np.float32 else
                             f"({L(1)} / ({L(1)} + math.exp(-{a})))"),
@@ -89,9 +100,19 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
                                 f"{L(0)}), {L(1)})"),
         "HardSwish": lambda: f"({a} * min(max({a} * {L(1 / 6)} + {L(0.5)}, {L(0)}), {L(1)}))",
         "Mish": lambda: f"({a} * math.tanh(max({a}, {L(0)}) + math.log1p(math.exp(-abs({a})))))",
+        "Celu": lambda: (f"({a} if {a} > {L(0)} else "
+                         f"{L(attrs.get('alpha', 1.0))} * math.expm1({a} / {L(attrs.get('alpha', 1.0))}))"),
+        "ThresholdedRelu": lambda: f"({a} if {a} > {L(attrs.get('alpha', 1.0))} else {L(0)})",
+        "Shrink": lambda: _shrink(a, dt, attrs.get("lambd", 0.5), attrs.get("bias", 0.0)),
         "Identity": lambda: a,
         "Dropout": lambda: a,
         "Not": lambda: f"(not {a})",
+        "BitwiseNot": lambda: _int(f"(~{a})", dt),
+        "IsNaN": lambda: _float_class(a, adt0, "nan"),
+        "IsInf": lambda: _float_class(a, adt0, "inf" if attrs.get("detect_positive", 1) and
+                                      attrs.get("detect_negative", 1) else
+                                      "+inf" if attrs.get("detect_positive", 1) else
+                                      "-inf" if attrs.get("detect_negative", 1) else "none"),
     }
     if op in unary:
         return unary[op]()
@@ -102,10 +123,10 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
         if len(args) > 2 and args[2]:
             out = f"min({out}, {args[2]})"
         return out
-    if op == "Cast":
+    if op in ("Cast", "CastLike"):
         return f"{ctor(dt)}({a})"
     if op in ("Sum", "Add"):
-        return "(" + " + ".join(args) + ")"
+        return _int("(" + " + ".join(args) + ")", dt)
     if op == "Mean":
         return f"(({' + '.join(args)}) * {L(1 / len(args))})"
     if op == "Max":
@@ -116,7 +137,7 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
     if op in binary:
         if op == "Div" and dt.kind in "iu":
             return f"{ctor(dt)}(int({args[0]} / {args[1]}))"
-        return f"({args[0]} {binary[op]} {args[1]})"
+        return _int(f"({args[0]} {binary[op]} {args[1]})", dt)
     if op == "Pow":
         return _pow(a, args[1], dt, consts.get(1), (arg_dtypes or [None, None])[1])
     if op == "PRelu":
@@ -126,9 +147,81 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
         return f"({args[0]} {cmp[op]} {args[1]})"
     if op in ("And", "Or"):
         return f"({args[0]} {op.lower()} {args[1]})"
+    if op == "Xor":
+        return f"(bool({args[0]}) != bool({args[1]}))"
+    bitwise = {"BitwiseAnd": "&", "BitwiseOr": "|", "BitwiseXor": "^"}
+    if op in bitwise:
+        return _int(f"({args[0]} {bitwise[op]} {args[1]})", dt)
+    if op == "Mod":
+        return _mod(args[0], args[1], dt, attrs.get("fmod", 0))
+    if op == "BitShift":
+        return _bitshift(args[0], args[1], dt, attrs.get("direction", "LEFT"))
     if op == "Where":
         return f"({args[1]} if {args[0]} else {args[2]})"
     raise ModelcError(f"no elementwise kernel expression for op {op}")
+
+
+def _int(expr: str, dt: np.dtype) -> str:
+    """Integer results cast back to their type: numba computes int8/int16/int32 arithmetic in
+    int64, so without the cast a value would not wrap (-(-128) stays 128 for the next op)."""
+    return f"{ctor(dt)}({expr})" if dt.kind in "iu" else expr
+
+
+def _shrink(a: str, dt: np.dtype, lambd, bias) -> str:
+    """ONNX Shrink; on integers the bounds and bias are float (the reference's promotion), and
+    the result is truncated back to the integer type."""
+    if dt.kind == "f":
+        L = lambda v: lit(v, dt)  # noqa: E731
+        return f"({a} + {L(bias)} if {a} < {L(-lambd)} else ({a} - {L(bias)} if {a} > {L(lambd)} else {L(0)}))"
+    F = lambda v: lit(v, np.float64)  # noqa: E731
+    return (f"({ctor(dt)}({a} + {F(bias)}) if {a} < {F(-lambd)} else "
+            f"({ctor(dt)}({a} - {F(bias)}) if {a} > {F(lambd)} else {lit(0, dt)}))")
+
+
+def _float_class(a: str, adt: np.dtype, what: str) -> str:
+    """IsNaN / IsInf as a test of the IEEE bits through an integer view: the kernels' fast-math
+    flags do not include nnan/ninf, but a value out of a `nnan` maxnum (the reductions') may be
+    assumed not NaN, and a bit test cannot be folded away on such an assumption."""
+    if adt.kind != "f" or what == "none":
+        return "False"
+    bits = 32 if adt == np.float32 else 64
+    it = np.dtype(f"int{bits}")
+    inf = int(np.array(np.inf, adt).view(it))
+    ninf = int(np.array(-np.inf, adt).view(it))
+    mask = (1 << (bits - 1)) - 1
+    b = f"float_bits({a})"
+    if what == "nan":
+        return f"(({b} & {lit(mask, it)}) > {lit(inf, it)})"
+    if what == "inf":
+        return f"(({b} & {lit(mask, it)}) == {lit(inf, it)})"
+    return f"({b} == {lit(inf if what == '+inf' else ninf, it)})"
+
+
+def _mod(a: str, b: str, dt: np.dtype, fmod) -> str:
+    """ONNX Mod. fmod=0: the remainder has the divisor's sign (Python's and numpy's mod; for
+    floats numba's `%` is exactly numpy's); fmod=1: C's fmod, the dividend's sign. Float
+    remainders go through helpers compiled without fast-math (signed zeros, inf operands).
+    An integer divisor of 0 gives 0, as numpy does (numba's `%` under error_model='numpy')."""
+    if dt.kind == "f":
+        return f"{'fmod_exact' if fmod else 'mod_exact'}({a}, {b})"
+    if fmod and dt.kind == "i":
+        return f"{ctor(dt)}(fmod_int({a}, {b}))"
+    return f"{ctor(dt)}({a} % {b})"
+
+
+def _bitshift(a: str, b: str, dt: np.dtype, direction: str) -> str:
+    """ONNX BitShift (opset 28 semantics): a shift by a negative amount or by the type's width
+    or more gives 0, or -1 for a right shift of a negative signed value (LLVM's shifts would be
+    poison there)."""
+    if dt.kind not in "iu":
+        raise ModelcError(f"BitShift of {dt.name} values has no kernel expression")
+    width = dt.itemsize * 8
+    zero = lit(0, dt)
+    ok = f"{zero} <= {b} < {lit(width, dt)}" if dt.kind == "i" else f"{b} < {lit(width, dt)}"
+    if direction == "LEFT":
+        return f"({ctor(dt)}({a} << {b}) if {ok} else {zero})"
+    spill = f"({lit(-1, dt)} if {a} < {zero} else {zero})" if dt.kind == "i" else zero
+    return f"({ctor(dt)}({a} >> {b}) if {ok} else {spill})"
 
 
 def _pow(a: str, b: str, dt: np.dtype, e, edt) -> str:
@@ -159,7 +252,10 @@ SUPPORTED = {"Relu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Sin", "
              "Sign", "Reciprocal", "Sigmoid", "Softplus", "Softsign", "Gelu", "LeakyRelu", "Elu",
              "Selu", "HardSigmoid", "HardSwish", "Swish", "Mish", "Identity", "Dropout", "Not", "Clip", "Cast",
              "Sum", "Add", "Mean", "Max", "Min", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal",
-             "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Where"}
+             "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Where",
+             "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round",
+             "Celu", "ThresholdedRelu", "Shrink", "IsNaN", "IsInf", "CastLike", "Xor", "Mod",
+             "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}
 
 
 # The fast-math flags of every generated kernel: LLVM's `fast` less `nnan` and `ninf`. Those two let
@@ -198,3 +294,44 @@ POW_EXACT = [
     "def pow_exact(x, y):",
     "    return x ** y",
 ]
+
+# Remainders (see `_mod`), compiled without fast-math: `nsz` would lose the signed zeros numpy's
+# and C's remainders define. Not inlined by numba (inline='always' would lower them with the
+# kernel's flags); LLVM inlines them with their own instruction flags. error_model='numpy': a
+# zero divisor gives NaN (floats) or 0 (integers) instead of raising inside a cfunc.
+MOD_EXACT = [
+    "",
+    "@numba.njit(fastmath=False, error_model='numpy')",
+    "def mod_exact(x, y):",
+    "    return x % y",
+]
+FMOD_EXACT = [
+    "",
+    "@numba.njit(fastmath=False, error_model='numpy')",
+    "def fmod_exact(x, y):",
+    "    return np.fmod(x, y)",
+]
+# numba's np.fmod on integers rounds like `%` (fmod(-7, 2) gave 1): C's remainder from Python's
+FMOD_INT = [
+    "",
+    "@numba.njit(error_model='numpy')",
+    "def fmod_int(x, y):",
+    "    r = x % y",
+    "    if r != 0 and (r < 0) != (x < 0):",
+    "        r -= y",
+    "    return r",
+]
+FLOAT_BITS = ["from modelc.kernels.reduce import float_bits"]
+
+# helper name -> the lines defining it in a kernel module that calls it
+HELPERS = {"fast_sigmoid32": FAST_SIGMOID, "pow_exact": POW_EXACT, "mod_exact": MOD_EXACT,
+           "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "float_bits": FLOAT_BITS}
+
+
+def helpers(body: list) -> list:
+    """The definitions of the helpers that the kernel lines `body` call."""
+    out = []
+    for name, lines in HELPERS.items():
+        if any(f"{name}(" in ln for ln in body):
+            out += lines
+    return out

@@ -56,6 +56,23 @@ def f32_from_bits(typingctx, bits):
     return types.float32(types.int32), codegen
 
 
+@intrinsic
+def float_bits(typingctx, x):
+    """The IEEE bits of a float32 (as int32) or float64 (as int64): a bitcast, which no fast-math
+    assumption about NaN or infinity can fold (IsNaN / IsInf test these bits)."""
+    if x == types.float32:
+        sig, lt = types.int32(types.float32), llir.IntType(32)
+    elif x == types.float64:
+        sig, lt = types.int64(types.float64), llir.IntType(64)
+    else:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], lt)
+
+    return sig, codegen
+
+
 # ---- shared source helpers -------------------------------------------------------------------
 
 def _minmax(name: str):

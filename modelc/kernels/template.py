@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ModelcError
-from .expr import FASTMATH, FAST_SIGMOID, POW_EXACT, ctor, emit, lit
+from .expr import FASTMATH, ctor, emit, helpers, lit
 from .layout import offset
 from .space import Config, ConfigSpace
 from .workload import Workload
@@ -129,10 +129,7 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
         raise ModelcError(f"no generated kernel takes arrays of dtype {bad[0]} (kernels take "
                           f"{', '.join(sorted(_NB))})")
     sig = ", ".join(f"types.CPointer(types.{_NB[np.dtype(d).name]}), types.intp" for d in dtypes)
-    if any("fast_sigmoid32(" in ln for ln in body):
-        extra = [*extra, *FAST_SIGMOID]
-    if any("pow_exact(" in ln for ln in body):
-        extra = [*extra, *POW_EXACT]
+    extra = [*extra, *helpers(body)]
     out = ["import math", "import numpy as np", "import numba", "from numba import carray, prange, types",
            "from modelc.kernels.launch import NoAliasCompiler",
            "from modelc.kernels.stack import stack_empty", *extra, "",

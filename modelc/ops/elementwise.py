@@ -146,6 +146,12 @@ def bitshift(a, b, *, direction):
     return (np.left_shift(a, b) if direction == "LEFT" else np.right_shift(a, b)).astype(a.dtype)
 
 
+_binary("BitwiseAnd", np.bitwise_and)
+_binary("BitwiseOr", np.bitwise_or)
+_binary("BitwiseXor", np.bitwise_xor)
+_unary("BitwiseNot", np.invert)
+
+
 @register("Mod", Kind.BROADCAST, infer=_bcast)
 def mod(a, b, *, fmod=0):
     with np.errstate(divide="ignore", invalid="ignore"):
