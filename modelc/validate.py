@@ -27,7 +27,7 @@ class DocumentError(ModelcError):
 
 _REF = re.compile(r"[ip][0-9]{1,6}|v[0-9]{1,6}(\.[0-9]{1,3})?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
-_ATTR_STR = re.compile(r"[A-Za-z0-9_,.>\-]{0,256}")
+_ATTR_STR = re.compile(r"[A-Za-z0-9_,.> \-]{0,256}")   # words, Einsum equations
 _KEY = re.compile(r"[0-9A-Za-z_.\-]{1,64}")      # modelc makes 24 hex digits
 NONFINITE = ("nan", "inf", "-inf")
 DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",

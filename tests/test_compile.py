@@ -227,13 +227,11 @@ def test_concat_of_conv_branches_feeding_a_conv(branch_channels):
 def test_compile_and_info_say_which_groups_fall_back_and_why(tmp_path, capsys):
     from modelc.cli import main
     F = TensorProto.FLOAT
-    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
-    zero = numpy_helper.from_array(np.array(0, np.float32), "zero")
-    nodes = [helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=1),   # Hardmax-like: no template
-             helper.make_node("Equal", ["x", "m"], ["e"]),
-             helper.make_node("Where", ["e", "x", "zero"], ["y"])]
+    k = numpy_helper.from_array(np.array([2], np.int64), "k")
+    nodes = [helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=-1)]     # no template (yet)
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 5])],
-                          [helper.make_tensor_value_info("y", F, [2, 5])], [axes, zero])
+                          [helper.make_tensor_value_info("y", F, [2, 2]),
+                           helper.make_tensor_value_info("i", TensorProto.INT64, [2, 2])], [k])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 8
     path = str(tmp_path / "m.onnx")
@@ -242,7 +240,7 @@ def test_compile_and_info_say_which_groups_fall_back_and_why(tmp_path, capsys):
         assert main(argv) == 0
         out = capsys.readouterr().out
         assert "1 group(s) run the numpy reference" in out, out
-        assert "no kernel template handles ReduceMax -> Equal -> Where" in out, out
+        assert "no kernel template handles TopK" in out, out
 
 
 @pytest.mark.parametrize("chain", ["max_equal_where", "logsumexp", "normalize", "masked_rows"])
