@@ -1,4 +1,5 @@
-"""Reduction-family templates on plain layouts: Softmax/LogSoftmax, LayerNormalization, Reduce*.
+"""Reduction-family templates on plain layouts: Softmax/LogSoftmax, LayerNormalization, Reduce*,
+ArgMax/ArgMin.
 
 Each splits its input into groups of adjacent axes that are reduced or kept. When the reduced
 axes are innermost (a softmax over the last axis, a layer norm, a ReduceMean over H, W) every
@@ -41,7 +42,8 @@ EXTRA = ["from modelc.kernels.reduce import f32_from_bits, fmax, fmin"]
 COL_WIDTHS = [16, 32, 64, 128]
 RPT_CANDIDATES = [1, 2, 4, 8, 16, 32, 64]
 PARALLEL_MIN = 131072         # element-ops below which a serial kernel is the default
-REDUCES = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2"}
+REDUCES = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "ReduceL1",
+           "ReduceProd", "ReduceLogSum"}
 
 
 @intrinsic
@@ -510,20 +512,26 @@ class Reduce(Template):
         x_arg = int(wl.anchor.args[0][1:])
         X = f"in{x_arg}"
         RPT = cfg["rows_per_task"]
-        init = {"ReduceMax": lit(-np.inf, at), "ReduceMin": lit(np.inf, at)}.get(op, lit(0, at))
+        init = {"ReduceMax": lit(-np.inf, at), "ReduceMin": lit(np.inf, at),
+                "ReduceProd": lit(1, at)}.get(op, lit(0, at))
 
         def comb(p, q):
-            return {"ReduceMax": f"fmax({p}, {q})", "ReduceMin": f"fmin({p}, {q})"}.get(op, f"{p} + {q}")
+            return {"ReduceMax": f"fmax({p}, {q})", "ReduceMin": f"fmin({p}, {q})",
+                    "ReduceProd": f"{p} * {q}"}.get(op, f"{p} + {q}")
 
         def load(i):
             v = f"{X}[{i}]" if at == dt else f"{A}({X}[{i}])"
-            return f"({v} * {v})" if op in ("ReduceSumSquare", "ReduceL2") else v
+            if op in ("ReduceSumSquare", "ReduceL2"):
+                return f"({v} * {v})"
+            return f"abs({v})" if op == "ReduceL1" else v
 
         def post(s):
             if op == "ReduceMean":
                 s = f"{s} * {lit(1.0 / g['count'], at)}"
             elif op == "ReduceL2":
                 s = f"math.sqrt({s})"
+            elif op == "ReduceLogSum":
+                s = f"math.log({s})"
             return s if at == dt else f"{T}({s})"
 
         kept, red = g["kept"], g["red"]
@@ -588,3 +596,123 @@ class Reduce(Template):
         else:
             body += column(ind, W)
         return finish(wl, body, [x_arg], cfg["parallel"], EXTRA)
+
+
+# ---- ArgMax / ArgMin -------------------------------------------------------------------------
+
+ARGS = {"ArgMax", "ArgMin"}
+
+
+def _arg_geometry(wl: Workload):
+    a = wl.anchor
+    shape = wl.spec(a.args[0]).shape
+    ax = _axis(a.attrs.get("axis", 0), len(shape))
+    return shape, ax, math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1:])
+
+
+def _isnan(v: str, dt) -> str:
+    """A NaN test of the IEEE bits (see expr._float_class: no fast-math assumption folds it)."""
+    bits = 32 if np.dtype(dt) == np.float32 else 64
+    it = np.dtype(f"int{bits}")
+    return f"((float_bits({v}) & {lit((1 << (bits - 1)) - 1, it)}) > {lit(int(np.array(np.inf, dt).view(it)), it)})"
+
+
+def arg_better(op: str, last: bool, v: str, best: str, dt) -> str:
+    """When `v` replaces `best` in a scan that keeps the first (or `last`) index of the maximum
+    (ArgMax) or minimum (ArgMin). NaN counts as the extreme, as in numpy (the reference): the
+    first NaN wins, or the last with select_last_index."""
+    cmp = (">=" if last else ">") if op == "ArgMax" else ("<=" if last else "<")
+    if np.dtype(dt).kind != "f":
+        return f"{v} {cmp} {best}"
+    nv, nb = _isnan(v, dt), _isnan(best, dt)
+    if last:
+        return f"{nv} or (not {nb} and {v} {cmp} {best})"
+    return f"not {nb} and ({nv} or {v} {cmp} {best})"
+
+
+@register
+class ArgReduce(Template):
+    """ArgMax / ArgMin over one axis (keepdims, select_last_index), int64 indices, with any
+    elementwise epilogue. Rows (the axis innermost) are scalar scans; otherwise a block of
+    `vector_width` contiguous kept elements is scanned together (value and index per lane)."""
+    name = "arg_reduce"
+
+    def matches(self, wl: Workload) -> bool:
+        a = wl.anchor
+        if a.op not in ARGS or not a.args[0].startswith("i"):
+            return False
+        x = wl.spec(a.args[0])
+        if x.layout is not None or x.dtype.kind not in "iuf" or wl.outputs[0].layout is not None:
+            return False
+        return _arg_geometry(wl)[3] > 0 and chain_ok(wl)
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        shape, ax, outer, L, inner = _arg_geometry(wl)
+        sp = ConfigSpace()
+        if inner == 1:
+            define_rows(sp, outer)
+        else:
+            sp.define_knob("vector_width", col_widths(inner))
+            define_rows(sp, outer * -(-inner // 16))
+        return sp
+
+    def default_config(self, wl: Workload, space: ConfigSpace):
+        shape, ax, outer, L, inner = _arg_geometry(wl)
+        vals, rows = {}, outer
+        if inner > 1:
+            vals["vector_width"] = w = min(space.knobs[0].values, key=lambda w: abs(w - 64))
+            rows = outer * -(-inner // w)
+        vals.update(default_rows(rows, outer * L * inner, _knob(space, "rows_per_task")))
+        return space.from_values(vals)
+
+    def build(self, wl: Workload, cfg) -> Kernel:
+        shape, ax, outer, L, inner = _arg_geometry(wl)
+        a = wl.anchor
+        last = bool(a.attrs.get("select_last_index", 0))
+        dt = wl.spec(a.args[0]).dtype
+        x_arg = int(a.args[0][1:])
+        X = f"in{x_arg}"
+        RPT = cfg["rows_per_task"]
+
+        if inner == 1:
+            body, ind = tasks_loop(outer, RPT, [])
+            body += [f"{ind}base = o * {L}",
+                     f"{ind}best = {X}[np.uintp(base)]",
+                     f"{ind}bi = 0",
+                     f"{ind}for i in range(1, {L}):",
+                     f"{ind}    v = {X}[np.uintp(base + i)]",
+                     f"{ind}    if {arg_better(a.op, last, 'v', 'best', dt)}:",
+                     f"{ind}        best = v",
+                     f"{ind}        bi = i"]
+            body += store(wl, ind, "np.int64(bi)", "o")
+            return finish(wl, body, [x_arg], cfg["parallel"])
+
+        W = min(cfg["vector_width"], inner)
+        nfull, tail = inner // W, inner % W
+        nblk = nfull + (tail > 0)
+        body, ind = tasks_loop(outer * nblk, RPT, [f"acc = carray(stack_empty({W}, {ctor(dt)}), {W})",
+                                                   f"aci = carray(stack_empty({W}, np.int64), {W})"])
+        body += [f"{ind}ob = o // {nblk}", f"{ind}blk = o % {nblk}",
+                 f"{ind}base = ob * {L * inner} + blk * {W}"]
+
+        def column(ind, width):
+            lines = [f"{ind}for q in range({width}):",
+                     f"{ind}    acc[q] = {X}[np.uintp(base + q)]",
+                     f"{ind}    aci[q] = 0",
+                     f"{ind}for l in range(1, {L}):",
+                     f"{ind}    xb = np.uintp(base + l * {inner})",
+                     f"{ind}    for q in range({width}):",
+                     f"{ind}        v = {X}[xb + np.uintp(q)]",
+                     f"{ind}        if {arg_better(a.op, last, 'v', 'acc[q]', dt)}:",
+                     f"{ind}            acc[q] = v",
+                     f"{ind}            aci[q] = l",
+                     f"{ind}for q in range({width}):"]
+            lines += store(wl, ind + "    ", "aci[q]", f"np.uintp(ob * {inner} + blk * {W} + q)")
+            return lines
+
+        if tail:
+            body += [f"{ind}if blk < {nfull}:"] + column(ind + "    ", W)
+            body += [f"{ind}else:"] + column(ind + "    ", tail)
+        else:
+            body += column(ind, W)
+        return finish(wl, body, [x_arg], cfg["parallel"])

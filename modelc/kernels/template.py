@@ -184,7 +184,7 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
     against the output index) and scalar constants (inlined as literals).
     """
     lines, names = [], {start_ref: value}
-    kinds = {start_ref: np.dtype(dtype)}
+    kinds = {start_ref: _value_dtype(wl, start_ref, dtype)}   # the anchor's type (ArgMax: int64)
     for j, op in enumerate(ops):
         exprs, consts, dts = [], {}, []
         # each op computes in its own result type (a chain may end in a compare or a Cast)
