@@ -51,7 +51,8 @@ def load_model(model) -> onnx.ModelProto:
     try:
         proto = onnx.load(path)
     except Exception as e:
-        raise ModelLoadError(f"{path!r} is not a readable ONNX model: {type(e).__name__}: {e}") from None
+        why = str(e) if type(e).__name__ == "DecodeError" else f"{type(e).__name__}: {e}"
+        raise ModelLoadError(f"{path!r} is not a readable ONNX model: {why}") from None
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError(f"{path!r} holds no ONNX graph (empty or not an ONNX file)")
     return proto
