@@ -307,3 +307,13 @@ def test_gemm_in_any_form_gets_kernels(attrs, b_const, c_shape):
     g = helper.make_graph([helper.make_node("Gemm", names, ["y"], **attrs)], "g", inputs,
                           [helper.make_tensor_value_info("y", F, [4, 6])], inits)
     _check_against_ort(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), feeds)
+
+
+def test_reduce_log_sum_gets_a_kernel():
+    F = TensorProto.FLOAT
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    g = helper.make_graph([helper.make_node("ReduceLogSum", ["x", "axes"], ["y"], keepdims=0)], "g",
+                          [helper.make_tensor_value_info("x", F, [3, 50, 4])],
+                          [helper.make_tensor_value_info("y", F, [3, 4])], [axes])
+    x = np.abs(np.random.default_rng(0).standard_normal((3, 50, 4))).astype(np.float32)
+    _check_against_ort(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), {"x": x})

@@ -172,6 +172,8 @@ REDUCE = {
     "sumsquare_all": (red_wl("ReduceSumSquare", (3, 40, 50), {"keepdims": 0}), "reduce"),
     "l2_last": (red_wl("ReduceL2", (3, 40, 50), axes=(-1,), epi=(("add", (40, 1)),)), "reduce"),
     "sum_noop": (red_wl("ReduceSum", (3, 4, 5), {"noop_with_empty_axes": 1}), "reduce"),
+    "l1_cols": (red_wl("ReduceL1", (3, 40, 70), axes=(1,)), "reduce"),
+    "prod_last": (red_wl("ReduceProd", (3, 4, 6), {"keepdims": 0}, axes=(-1,)), "reduce"),
     "mean_big_f64_acc": (red_wl("ReduceMean", (2, 3000), axes=(1,)), "reduce"),
 }
 
