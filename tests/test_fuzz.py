@@ -396,10 +396,29 @@ def mutate_initializer(m, data):
     t = m.graph.initializer[i]
     try:
         a = numpy_helper.to_array(t)
-    except ValueError:                  # damaged by an earlier mutation
+    except Exception:                   # damaged by an earlier mutation
         return f"initializer {t.name}: left damaged"
     action = data.draw(st.sampled_from(["shape", "dtype", "values", "element", "element",
-                                        "inconsistent", "scalar"]), label="init action")
+                                        "inconsistent", "scalar", "sparse", "external"]),
+                       label="init action")
+    if action == "sparse":       # the same values as a sparse initializer, indices maybe wrong
+        flat = a.reshape(-1)
+        idx = np.arange(flat.size, dtype=np.int64)
+        if flat.size and data.draw(st.booleans(), label="bad index"):
+            idx[-1] = data.draw(st.sampled_from([-1, flat.size, 2 ** 40]), label="index")
+        sp = helper.make_sparse_tensor(numpy_helper.from_array(flat.copy(), t.name),
+                                       numpy_helper.from_array(idx, ""), list(a.shape))
+        del m.graph.initializer[i]
+        m.graph.sparse_initializer.append(sp)
+        return f"initializer {t.name}: sparse, indices {idx.tolist()[-3:]}"
+    if action == "external":     # data said to live in a file: missing, or outside the model's folder
+        loc = data.draw(st.sampled_from(["missing.bin", "../../etc/passwd", "/etc/passwd"]), label="location")
+        t.ClearField("raw_data")
+        t.ClearField("float_data")
+        t.ClearField("int64_data")
+        t.data_location = TensorProto.EXTERNAL
+        t.external_data.add(key="location", value=loc)
+        return f"initializer {t.name}: external data at {loc!r}"
     if action == "shape":
         shape = list(a.shape) or [1]
         j = data.draw(st.integers(0, len(shape) - 1), label="axis")
@@ -463,7 +482,7 @@ def mutate_retype(m, data):
         if t.data_type == F:
             try:
                 a = numpy_helper.to_array(t)
-            except ValueError:
+            except Exception:     # damaged by an earlier mutation
                 continue
             t.CopyFrom(numpy_helper.from_array(np.clip(a * 3, -100, 100).astype(np_dt), t.name))
     return f"model retyped to {TensorProto.DataType.Name(dt)}"
@@ -929,3 +948,10 @@ def test_found_absurd_sizes_are_shape_errors_at_import():
     kind, msg = _import_error(m)
     assert kind == "ShapeError" and "node 'pad' (Pad): output 'p'" in msg and "more elements" in msg
     assert _import_error(pad_pool_reduce(), shape={"x": "1,3,4,5"})[0] == "ShapeError"
+
+
+def test_found_layer_norm_scale_must_fit_the_normalized_shape():
+    m = select_split()
+    m.graph.initializer[2].CopyFrom(numpy_helper.from_array(np.ones(2, np.float32), "gamma"))
+    kind, msg = _import_error(m)
+    assert kind == "ShapeError" and "node 'ln' (LayerNormalization)" in msg and "scale [2]" in msg

@@ -444,6 +444,12 @@ def instance_normalization(x, scale, b, *, epsilon=1e-5):
 
 def _layernorm_infer(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     a = _axis(axis, len(x.shape))
+    norm = tuple(x.shape[a:])
+    for name, t in (("scale", scale), ("B", b)):
+        if t is not None and (len(t.shape) > len(norm) or any(
+                d not in (1, n) for d, n in zip(t.shape[::-1], norm[::-1]))):
+            raise ValueError(f"{name} {list(t.shape)} does not broadcast to the normalized shape "
+                             f"{list(norm)} (axis {axis})")
     stat = (*x.shape[:a], *(1,) * (len(x.shape) - a))
     return [(x.shape, x.dtype), (stat, np.float32), (stat, np.float32)]
 
