@@ -114,22 +114,30 @@ def test_every_elementwise_expression_links_for_every_dtype(fresh_cache):
     __powidf2 was one): each op, for each dtype it can see, compiles and loads in a worker."""
     from modelc.kernels.expr import SUPPORTED, emit
     from modelc.kernels.template import source
-    logic, cmp = {"Not", "And", "Or"}, {"Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"}
+    logic, cmp = {"Not", "And", "Or", "Xor"}, {"Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"}
+    ints_only = {"BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}
     arity = {"Clip": 3, "Where": 3, "Sum": 3, "Mean": 2, "Max": 2, "Min": 2, "PRelu": 2, "Pow": 2,
-             "Sub": 2, "Mul": 2, "Div": 2, "Add": 2, "And": 2, "Or": 2, **{c: 2 for c in cmp}}
+             "Sub": 2, "Mul": 2, "Div": 2, "Add": 2, "And": 2, "Or": 2, "Xor": 2, "Mod": 2, "BitShift": 2,
+             "BitwiseAnd": 2, "BitwiseOr": 2, "BitwiseXor": 2, "CastLike": 2, **{c: 2 for c in cmp}}
+    variants = {"Mod": [{"fmod": 0}, {"fmod": 1}], "BitShift": [{"direction": "LEFT"}, {"direction": "RIGHT"}],
+                "IsInf": [{}, {"detect_negative": 0}]}
     sources, names = [], []
     for op in sorted(SUPPORTED):
         for dt in ["float32", "float64", "int32", "int64", "int8", "uint8", "uint64", "bool"]:
             if (op in logic) != (dt == "bool") and not (dt == "bool" and op in cmp | {"Cast", "Identity", "Where"}):
                 continue
+            if op in ints_only and np.dtype(dt).kind not in "iu":
+                continue
             ins = [np.dtype(dt)] * arity.get(op, 1)
             if op == "Where":
                 ins[0] = np.dtype(bool)
-            out = np.dtype(bool) if op in cmp else np.dtype("int64" if op == "Cast" else dt)
-            expr = emit(op, [f"in{k}[i]" for k in range(len(ins))], {}, out, {}, ins)
-            sources.append(source(["out0"] + [f"in{k}" for k in range(len(ins))], [out] + ins,
-                                  ["for i in prange(8):", f"    out0[i] = {expr}"]))
-            names.append(f"{op} on {dt}")
+            out = np.dtype(bool) if op in cmp | {"IsNaN", "IsInf"} else \
+                np.dtype("int64" if op in ("Cast", "CastLike") else dt)
+            for attrs in variants.get(op, [{}]):
+                expr = emit(op, [f"in{k}[i]" for k in range(len(ins))], attrs, out, {}, ins)
+                sources.append(source(["out0"] + [f"in{k}" for k in range(len(ins))], [out] + ins,
+                                      ["for i in prange(8):", f"    out0[i] = {expr}"]))
+                names.append(f"{op} {attrs} on {dt}")
     assert len(sources) > 250
     cache.compile_all(sources, names=names)
 
