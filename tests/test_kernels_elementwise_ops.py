@@ -393,3 +393,26 @@ def test_onnx_conformance_cases_compile_without_fallback():
             got = mod.run(feeds)
             for o, want in zip(m.graph.output, outputs):
                 assert_same(got[o.name], np.asarray(want), rtol=1e-6)
+
+
+# ---- BatchNormalization whose statistics are inputs (not folded) ---------------------------------
+
+@pytest.mark.parametrize("shape,after_conv", [((2, 4, 5, 5), True), ((3, 6), False), ((2, 1, 7), False)])
+def test_batchnorm_with_runtime_statistics(shape, after_conv):
+    """Constant statistics fold into a Mul + Add; these come from the graph's inputs: an injective
+    group of its own (a conv before it keeps its epilogue kernel), with the ops after it."""
+    rng = np.random.default_rng(14)
+    c = shape[1]
+    x = rng.standard_normal(shape).astype(F32)
+    mean = rng.standard_normal(c).astype(F32)
+    var = rng.uniform(0.5, 2.0, c).astype(F32)
+    inits = [("s", rng.standard_normal(c).astype(F32)), ("b", rng.standard_normal(c).astype(F32))]
+    nodes = [helper.make_node("BatchNormalization", ["h" if after_conv else "x", "s", "b", "mean", "var"], ["n"],
+                              epsilon=1e-3),
+             helper.make_node("Relu", ["n"], ["y"])]
+    if after_conv:
+        nodes.insert(0, helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]))
+        inits.append(("w", rng.standard_normal((c, c, 3, 3)).astype(F32)))
+    m = _chain(nodes, {"x": x, "mean": mean, "var": var}, F32, inits, opset=15)
+    feeds = {"x": x, "mean": mean, "var": var}
+    assert_same(_compile_run(m, feeds), _ort(m, feeds), rtol=1e-5)

@@ -23,6 +23,7 @@ from .workload import Workload
 
 MOVES = {"Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Tile", "Pad", "Split",
          "Flatten", "Squeeze", "Unsqueeze", "Resize"}
+CHANNEL_OPS = {"BatchNormalization"}    # elementwise, with parameters along axis 1 (not epilogues)
 MAX_RESIZE_TERMS = 64         # taps per output element (cubic 2-d: 16); antialiased shrinks go beyond
 
 
@@ -121,6 +122,8 @@ class _Gen:
             arg_dtypes = [self.wl.spec(arg).dtype if arg else None for arg in a]
             lines.append(f"{ind}{name} = {emit(op.op, exprs, op.attrs, dtype, consts, arg_dtypes)}")
             return name
+        if op.op == "BatchNormalization":
+            return self._batchnorm(op, idx, dtype, lines, ind, memo)
         x = a[0]
         in_shape = self.shape(x)
         if op.op not in ("Transpose", "Concat"):     # these carry a split channel index along
@@ -275,6 +278,19 @@ class _Gen:
         lines.append(f"{ind}{name} = {' + '.join(terms)}")
         return name
 
+    def _batchnorm(self, op, idx, dtype, lines, ind, memo):
+        """Inference BatchNormalization whose statistics are not constants (constant ones are
+        folded into a Mul + Add): x * k + (bias - mean * k), k = scale / sqrt(var + epsilon),
+        its parameters indexed by the channel, as the reference computes it."""
+        x = self.value(op.args[0], idx, lines, ind, memo)
+        c = [_expr(idx[1])]
+        scale, bias, mean, var = (self.value(r, c, lines, ind, memo) for r in op.args[1:5])
+        k, name = self.fresh(), self.fresh()
+        eps = lit(op.attrs.get("epsilon", 1e-5), dtype)
+        lines.append(f"{ind}{k} = {scale} / math.sqrt({var} + {eps})")
+        lines.append(f"{ind}{name} = {x} * {k} + ({bias} - {mean} * {k})")
+        return name
+
     def _split_sizes(self, op, in_shape, axis):
         a = op.args
         if len(a) > 1 and a[1]:
@@ -293,6 +309,12 @@ class Injective(Template):
 
     def matches(self, wl: Workload) -> bool:
         for op in wl.ops:
+            if op.op in CHANNEL_OPS:
+                x = wl.spec(op.args[0])
+                if len(x.shape) < 2 or x.dtype.kind != "f" or len(op.args) < 5 or \
+                        any(wl.spec(r).shape != (x.shape[1],) for r in op.args[1:5]):
+                    return False
+                continue
             if op.op not in ELEMENTWISE and op.op not in MOVES:
                 return False
             if op.op == "Pad" and op.attrs.get("mode", "constant") != "constant":

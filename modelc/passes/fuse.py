@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .. import ops
 from ..ir import Graph, Node
+from ..kernels.expr import SUPPORTED as EPILOGUE_OPS
 from ..ops import Kind
 from .util import only_consumer
 
@@ -43,9 +44,13 @@ def _grow(graph: Graph, group: list, allow, done: set) -> list:
 
 
 def _anchor_allow(graph: Graph, shape):
+    # only ops an epilogue can emit: a BatchNormalization whose statistics are computed (not
+    # folded) broadcasts along channels, which epilogues cannot; absorbed, it sent the whole
+    # conv group to the numpy fallback, while alone it is an injective group
     def allow(node, state):
         k = _kind(node)
-        return k <= Kind.BROADCAST and graph.tensors[node.outputs[0]].shape == shape
+        return k <= Kind.BROADCAST and node.op_type in EPILOGUE_OPS and \
+            graph.tensors[node.outputs[0]].shape == shape
     return allow
 
 
@@ -56,7 +61,8 @@ def _chain_allow(graph: Graph, shape):
             # only while the chain keeps the reduction's shape: an op that broadcasts the result
             # back over the reduced axes (x == max(x), x - max(x)) reads the reduction's input
             # again, which the reduction templates' epilogues cannot; it starts a group of its own
-            return k <= Kind.BROADCAST and graph.tensors[node.outputs[0]].shape == shape
+            return k <= Kind.BROADCAST and node.op_type in EPILOGUE_OPS and \
+                graph.tensors[node.outputs[0]].shape == shape
         return k <= Kind.INJECTIVE
     return allow
 
