@@ -41,6 +41,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:onnx.checker rejects the model")
 MAX_EXAMPLES = int(os.environ.get("MODELC_FUZZ_EXAMPLES", "1000"))
 TIMEOUT = float(os.environ.get("MODELC_FUZZ_TIMEOUT", "90"))    # seconds per case, compile included
 SEED = int(os.environ["MODELC_FUZZ_SEED"]) if os.environ.get("MODELC_FUZZ_SEED") else None  # explore
+DEEP = bool(os.environ.get("MODELC_FUZZ_DEEP"))      # local runs: only mutations that keep models valid-ish
 VERBOSE = bool(os.environ.get("MODELC_FUZZ_VERBOSE"))                # print every case and outcome
 ADDRESS_SPACE = 8 << 30                                           # the worker's RLIMIT_AS
 
@@ -248,8 +249,9 @@ def mutate_attribute(m, data):
     node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
     existing = [a.name for a in node.attribute]
     declared = _schema_attrs(node, m)
-    action = data.draw(st.sampled_from(["plausible", "plausible", "typed", "typed", "set", "remove",
-                                        "add"]), label="attr action")
+    action = data.draw(st.sampled_from(["plausible"] if DEEP else
+                                       ["plausible", "plausible", "typed", "typed", "set", "remove", "add"]),
+                       label="attr action")
     if action == "plausible" and declared:
         # small values of the declared type and the current length: mostly valid, other kernels
         name = data.draw(st.sampled_from(sorted(declared)), label="attr")
@@ -491,7 +493,7 @@ def mutate_retype(m, data):
 def mutate_op_type(m, data):
     node = data.draw(st.sampled_from(list(m.graph.node)), label="node")
     family = next((f for f in SIMILAR if node.op_type in f), None)
-    if family and data.draw(st.integers(0, 2), label="similar") > 0:
+    if family and (DEEP or data.draw(st.integers(0, 2), label="similar") > 0):
         op = data.draw(st.sampled_from(family), label="op")     # an op that could fit its place
         keep = [a for a in node.attribute if a.name in _schema_attrs(helper.make_node(op, [], []), m)]
         del node.attribute[:]
@@ -524,6 +526,9 @@ MUTATIONS = [mutate_attribute, mutate_attribute, mutate_attribute, mutate_node_i
              mutate_op_type, mutate_opset, mutate_retype]
 
 
+DEEP_MUTATIONS = [mutate_attribute, mutate_op_type, mutate_retype]
+
+
 def draw_case(data) -> dict:
     """A mutated model as the worker takes it, with the recipe that made it."""
     base = data.draw(st.sampled_from(sorted(BASES)), label="base")
@@ -534,7 +539,7 @@ def draw_case(data) -> dict:
             out.type.tensor_type.ClearField("shape")
         recipe.append("output shapes undeclared")
     for _ in range(data.draw(st.sampled_from([0, 1, 1, 1, 2, 3]), label="n mutations")):
-        mut = data.draw(st.sampled_from(MUTATIONS), label="mutation")
+        mut = data.draw(st.sampled_from(DEEP_MUTATIONS if DEEP else MUTATIONS), label="mutation")
         if mut in (mutate_attribute, mutate_node_inputs, mutate_op_type) and not m.graph.node:
             continue
         if mut is mutate_input_shape and not m.graph.input:
@@ -558,7 +563,8 @@ def draw_case(data) -> dict:
         shape = {data.draw(st.sampled_from([inp.name] * 5 + ["nope"]), label="name"): dims}
         recipe.append(f"shape={shape}")
     payload = m.SerializeToString()
-    damage = data.draw(st.sampled_from(["none"] * 8 + ["truncate", "flip"]), label="bytes")
+    damage = data.draw(st.sampled_from(["none"] if DEEP else ["none"] * 8 + ["truncate", "flip"]),
+                       label="bytes")
     if damage == "truncate":
         n = data.draw(st.integers(0, len(payload) - 1), label="length")
         payload = payload[:n]
@@ -646,7 +652,7 @@ def _against_onnxruntime(payload, feeds, out):
             return "differs", (f"output {name!r}: modelc {None if got is None else (got.dtype, got.shape)}"
                                f", onnxruntime {(want.dtype, want.shape)}")
         if want.dtype.kind == "f":
-            tol = 1e-2 if want.dtype.itemsize < 4 else 1e-4
+            tol = 5e-2 if want.dtype.itemsize < 4 else 1e-4     # float16: a few ulps of 30
             fin = np.isfinite(want)
             scale = float(np.abs(want[fin]).max()) if fin.any() else 1.0
             bad = ~np.isclose(got, want, rtol=tol, atol=tol * max(scale, 1.0), equal_nan=True)
@@ -955,3 +961,11 @@ def test_found_layer_norm_scale_must_fit_the_normalized_shape():
     m.graph.initializer[2].CopyFrom(numpy_helper.from_array(np.ones(2, np.float32), "gamma"))
     kind, msg = _import_error(m)
     assert kind == "ShapeError" and "node 'ln' (LayerNormalization)" in msg and "scale [2]" in msg
+
+
+def test_found_element_types_are_checked_in_old_opsets_too():
+    """Not-1 takes bool only; an int32 input ran and its kernel wrote bool where int32 was planned."""
+    m = _model([helper.make_node("Not", ["x"], ["y"], name="not")], [_vi("x", [2], TensorProto.INT32)],
+               [_vi("y", [2], TensorProto.BOOL)], opset=5)
+    kind, msg = _import_error(m)
+    assert kind == "ModelLoadError" and "node 'not' (Not): input 0 ('x') is tensor(int32)" in msg
