@@ -50,6 +50,8 @@ def target_tag() -> str:
     whose native helpers generated code imports (numba's cache does not notice when a called
     function changes, so a changed launcher would otherwise be served stale)."""
     global _TAG
+    if _TAG is None and os.environ.get(TAG_ENV):
+        _TAG = os.environ[TAG_ENV]          # a worker of ours: the parent's tag, so paths agree
     if _TAG is None:
         import llvmlite.binding as llvm
         cpu = numba.config.CPU_NAME or llvm.get_host_cpu_name()
@@ -64,6 +66,12 @@ def target_tag() -> str:
 
 
 _TAG = None
+TAG_ENV = "MODELC_KERNEL_TAG"   # set for worker processes: they file kernels as their parent does,
+                                # even if a helper module changed on disk since the parent started
+
+
+def worker_env(**extra) -> dict:
+    return dict(os.environ, **{TAG_ENV: target_tag()}, **extra)
 _HELPER_MODULES = ("launch.py", "stack.py", "reduce.py")     # imported by generated kernels
 
 
@@ -185,7 +193,7 @@ class _Worker:
         self.err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, "-c", _WORKER, str(WORKER_IDLE_S)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, env=worker_env())
         self.count = 0
 
     def alive(self) -> bool:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import ModelcError
+from ..kernels import cache
 from . import records as R
 
 TIMEOUT = "timeout"
@@ -44,7 +45,7 @@ class Worker:
     def _start(self):
         # the reference check runs numpy; BLAS threads left spinning after it would steal the
         # cores from the kernel being timed (the first candidate of each task read 2-10x slow)
-        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        env = cache.worker_env(OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
         self.proc = subprocess.Popen([sys.executable, "-m", "modelc.tune.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      bufsize=1, env=env, errors="replace")
