@@ -163,6 +163,15 @@ def check_attr(v, path: str):
     _number(v, path)
 
 
+def _named(d, path: str, check_value, what: str):
+    """An object of identifier keys (attributes, knobs), each value checked by `check_value`."""
+    if not isinstance(d, dict):
+        _fail(path, f"expected {what}")
+    for name, v in d.items():
+        check_str(name, path, _IDENT)
+        check_value(v, f"{path}.{name}")
+
+
 def check_knob_value(v, path: str, depth: int = 0):
     """A config value: a bool, number or short word, or a (nested) list of them. Whether it is one
     of the knob's candidates is checked against the template's space (`check_config`)."""
@@ -202,11 +211,7 @@ def check_workload(wl, path: str = "workload", key: str | None = None):
         p = f"{path}.ops[{j}]"
         _keys(op, p, {"op", "attrs", "args"})
         check_str(op["op"], f"{p}.op", choices=registry.REGISTRY)
-        if not isinstance(op["attrs"], dict):
-            _fail(f"{p}.attrs", "expected an object")
-        for name, v in op["attrs"].items():
-            check_str(name, f"{p}.attrs", _IDENT)
-            check_attr(v, f"{p}.attrs.{name}")
+        _named(op["attrs"], f"{p}.attrs", check_attr, "an object")
         for k, a in enumerate(_list(op["args"], f"{p}.args", 4096)):
             if a != "":
                 check_str(a, f"{p}.args[{k}]", _REF)
@@ -381,11 +386,7 @@ def check_record(d, path: str = "record", n_errors: int = 6):
     for f in ("desc", "error_msg", "modelc"):
         if f in d:
             check_str(d[f], f"{path}.{f}")
-    if not isinstance(d["config"], dict):
-        _fail(f"{path}.config", "expected an object of knob values")
-    for name, v in d["config"].items():
-        check_str(name, f"{path}.config", _IDENT)
-        check_knob_value(v, f"{path}.config.{name}")
+    _named(d["config"], f"{path}.config", check_knob_value, "an object of knob values")
     for k, c in enumerate(_list(d["costs"], f"{path}.costs", 4096)):
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not (0 <= c < 1e9):
             _fail(f"{path}.costs[{k}]", f"expected a time in seconds, got {_show(c)}")
