@@ -416,3 +416,19 @@ def test_batchnorm_with_runtime_statistics(shape, after_conv):
     m = _chain(nodes, {"x": x, "mean": mean, "var": var}, F32, inits, opset=15)
     feeds = {"x": x, "mean": mean, "var": var}
     assert_same(_compile_run(m, feeds), _ort(m, feeds), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint64])
+def test_integer_div_is_exact_and_truncates(dtype):
+    """Integer Div in integers, toward zero: through float64 int64 quotients beyond 2^53 lost
+    their low digits (in the kernel and the reference alike)."""
+    a = _ints(dtype, 30, 15)
+    b = _ints(dtype, 30, 16)
+    b[b == 0] = 3
+    if np.dtype(dtype).kind == "i":
+        b[(a == np.iinfo(dtype).min) & (b == -1)] = 3
+        a[:4], b[:4] = [-7, 7, -7, 7], [2, -2, -2, 2]
+    m = _model("Div", {"a": a, "b": b}, opset=14)
+    got = _compile_run(m, {"a": a, "b": b})
+    assert_same(got, _ort(m, {"a": a, "b": b}))
+    assert_same(_reference(m, {"a": a, "b": b}), got)

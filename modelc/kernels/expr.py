@@ -135,8 +135,11 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
         return f"min({', '.join(args)})" if len(args) > 1 else a
     binary = {"Sub": "-", "Mul": "*", "Div": "/"}
     if op in binary:
-        if op == "Div" and dt.kind in "iu":
-            return f"{ctor(dt)}(int({args[0]} / {args[1]}))"
+        if op == "Div" and dt.kind == "u":
+            return f"{ctor(dt)}({args[0]} // {args[1]})"
+        if op == "Div" and dt.kind == "i":
+            # exact (a float division loses int64 digits beyond 2^53), truncated toward zero
+            return f"{ctor(dt)}(div_int({args[0]}, {args[1]}))"
         return _int(f"({args[0]} {binary[op]} {args[1]})", dt)
     if op == "Pow":
         return _pow(a, args[1], dt, consts.get(1), (arg_dtypes or [None, None])[1])
@@ -321,11 +324,21 @@ FMOD_INT = [
     "        r -= y",
     "    return r",
 ]
+# C's integer division (toward zero) from Python's floor division; a zero divisor gives 0
+DIV_INT = [
+    "",
+    "@numba.njit(error_model='numpy')",
+    "def div_int(x, y):",
+    "    q = x // y",
+    "    if (x % y != 0) and ((x < 0) != (y < 0)):",
+    "        q += 1",
+    "    return q",
+]
 FLOAT_BITS = ["from modelc.kernels.reduce import float_bits"]
 
 # helper name -> the lines defining it in a kernel module that calls it
 HELPERS = {"fast_sigmoid32": FAST_SIGMOID, "pow_exact": POW_EXACT, "mod_exact": MOD_EXACT,
-           "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "float_bits": FLOAT_BITS}
+           "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "div_int": DIV_INT, "float_bits": FLOAT_BITS}
 
 
 def helpers(body: list) -> list:

@@ -123,8 +123,13 @@ def _binary(name, fn, kind=Kind.BROADCAST):
 
 def _div(a, b):
     if a.dtype.kind in "iu":
-        with np.errstate(divide="ignore"):
-            return np.trunc(a / b)     # ONNX integer Div truncates toward zero, like C
+        # ONNX integer Div truncates toward zero, like C; in integers (a / b in float64 loses the
+        # low digits of int64 values beyond 2^53); a zero divisor gives 0, as numpy's //
+        with np.errstate(divide="ignore", over="ignore"):
+            q = np.floor_divide(a, b)
+            if a.dtype.kind == "i":
+                q = q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
+        return q
     return a / b
 
 
