@@ -51,7 +51,7 @@ def load_model(model) -> onnx.ModelProto:
     try:
         proto = onnx.load(path)
     except Exception as e:
-        why = str(e) if type(e).__name__ == "DecodeError" else f"{type(e).__name__}: {e}"
+        why = str(e) if type(e).__name__ in ("DecodeError", "ValidationError") else f"{type(e).__name__}: {e}"
         raise ModelLoadError(f"{path!r} is not a readable ONNX model: {why}") from None
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError(f"{path!r} holds no ONNX graph (empty or not an ONNX file)")
