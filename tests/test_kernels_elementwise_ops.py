@@ -432,3 +432,25 @@ def test_integer_div_is_exact_and_truncates(dtype):
     got = _compile_run(m, {"a": a, "b": b})
     assert_same(got, _ort(m, {"a": a, "b": b}))
     assert_same(_reference(m, {"a": a, "b": b}), got)
+
+
+@pytest.mark.parametrize("anchor", ["MatMul", "AveragePool", "Conv"])
+def test_an_epilogue_that_changes_the_dtype_starts_its_own_group(anchor):
+    """MatMul -> IsInf and AveragePool -> Sqrt -> IsNaN ran on the fallback (the dense and pool
+    templates store the anchor's dtype): the dtype-changing op is now an injective group."""
+    rng = np.random.default_rng(17)
+    x = (rng.standard_normal((1, 4, 6, 6)) * 3).astype(F32)
+    inits = [("big", np.float32(1e37))]
+    if anchor == "MatMul":
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["a"])]
+        inits.append(("w", rng.standard_normal((6, 8)).astype(F32)))
+    elif anchor == "AveragePool":
+        nodes = [helper.make_node("AveragePool", ["x"], ["a"], kernel_shape=[2, 2])]
+    else:
+        nodes = [helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1])]
+        inits.append(("w", rng.standard_normal((8, 4, 3, 3)).astype(F32)))
+    nodes += [helper.make_node("Mul", ["a", "big"], ["b"]), helper.make_node("IsInf", ["b"], ["i"]),
+              helper.make_node("Sqrt", ["a"], ["s"]), helper.make_node("IsNaN", ["s"], ["n"]),
+              helper.make_node("Or", ["i", "n"], ["y"])]
+    m = _chain(nodes, {"x": x}, bool, inits, opset=20)
+    assert_same(_compile_run(m, {"x": x}), _ort(m, {"x": x}))

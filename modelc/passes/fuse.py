@@ -43,14 +43,18 @@ def _grow(graph: Graph, group: list, allow, done: set) -> list:
         group.append(nxt)
 
 
-def _anchor_allow(graph: Graph, shape):
+def _anchor_allow(graph: Graph, shape, dtype):
     # only ops an epilogue can emit: a BatchNormalization whose statistics are computed (not
     # folded) broadcasts along channels, which epilogues cannot; absorbed, it sent the whole
-    # conv group to the numpy fallback, while alone it is an injective group
+    # conv group to the numpy fallback, while alone it is an injective group. Likewise only
+    # ops that keep the anchor's dtype: the dense and pool templates store the anchor's type,
+    # so MatMul -> IsInf or AveragePool -> Greater ran on the fallback; such an op now starts
+    # an injective group
     def allow(node, state):
         k = _kind(node)
-        return k <= Kind.BROADCAST and node.op_type in EPILOGUE_OPS and \
-            graph.tensors[node.outputs[0]].shape == shape
+        out = graph.tensors[node.outputs[0]]
+        return k <= Kind.BROADCAST and node.op_type in EPILOGUE_OPS and out.shape == shape and \
+            out.dtype == dtype
     return allow
 
 
@@ -134,8 +138,8 @@ def fuse(graph: Graph) -> Graph:
             continue
         k = _kind(node)
         if k == Kind.OUT_ELEMWISE_FUSABLE and len([o for o in node.outputs if o]) == 1:
-            group = _grow(graph, [node], _anchor_allow(graph, graph.tensors[node.outputs[0]].shape),
-                          done)
+            t = graph.tensors[node.outputs[0]]
+            group = _grow(graph, [node], _anchor_allow(graph, t.shape, t.dtype), done)
         elif k <= Kind.REDUCTION:
             out = next((o for o in node.outputs if o), None)
             group = _grow(graph, [node], _chain_allow(graph, graph.tensors[out].shape if out else None), done)
