@@ -14,7 +14,25 @@ class OutOfMemoryError(ModelcError):
 
 
 def available_bytes() -> int:
-    """Memory a new allocation can count on: MemAvailable (Linux), else free physical pages."""
+    """Memory a new allocation can count on: MemAvailable (Linux), else free physical pages, and
+    never more than the process's address-space limit (ulimit -v) leaves."""
+    return min(_physical_available(), _address_space_left())
+
+
+def _address_space_left() -> int:
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return 1 << 62
+        with open("/proc/self/status") as f:
+            used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        return max(0, soft - used)
+    except (ImportError, OSError, ValueError, StopIteration):
+        return 1 << 62
+
+
+def _physical_available() -> int:
     try:
         with open("/proc/meminfo") as f:
             for line in f:

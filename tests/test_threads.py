@@ -125,3 +125,15 @@ def test_without_memory_for_more_buffers_callers_wait_their_turn(monkeypatch):
         t.join()
     assert len(wrong) == 80 and not any(wrong)
     assert mod.memory_report()["contexts"] == 1
+
+
+def test_memory_check_respects_the_address_space_limit():
+    """Under `ulimit -v` the check counts what the limit leaves, not the machine's free memory."""
+    import subprocess
+    import sys
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+            "from modelc import memory\n"
+            "try:\n    memory.check({'x': 4 << 30}, 'a test')\nexcept memory.OutOfMemoryError as e:\n"
+            "    print('refused:', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert out.startswith("refused:") and "'x'" in out, out
