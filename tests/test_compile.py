@@ -317,3 +317,15 @@ def test_reduce_log_sum_gets_a_kernel():
                           [helper.make_tensor_value_info("y", F, [3, 4])], [axes])
     x = np.abs(np.random.default_rng(0).standard_normal((3, 50, 4))).astype(np.float32)
     _check_against_ort(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), {"x": x})
+
+
+@pytest.mark.parametrize("et,dt", [(TensorProto.UINT8, np.uint8), (TensorProto.UINT64, np.uint64)])
+def test_sign_of_large_unsigned_values(et, dt):
+    g = helper.make_graph([helper.make_node("Sign", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", et, [4])],
+                          [helper.make_tensor_value_info("y", et, [4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    x = np.array([0, 1, np.iinfo(dt).max, np.iinfo(dt).max // 2 + 1], dt)
+    mod = modelc.compile(m.SerializeToString())
+    assert not mod.fallbacks
+    assert mod(x).tolist() == [0, 1, 1, 1]

@@ -80,7 +80,8 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
         "Floor": lambda: f"np.floor({a})",
         "Ceil": lambda: f"np.ceil({a})",
         "Round": lambda: f"np.rint({a})" if dt.kind == "f" else a,     # half to even
-        "Sign": lambda: _int(f"np.sign({a})", dt),
+        # numba's np.sign reads an unsigned value as signed (sign(200) of a uint8 gave 255)
+        "Sign": lambda: (f"{ctor(dt)}({a} > {L(0)})" if dt.kind == "u" else _int(f"np.sign({a})", dt)),
         "Reciprocal": lambda: f"({L(1)} / {a})",
         "Sigmoid": lambda: (f"fast_sigmoid32({a})" if dt == np.float32 else
                             f"({L(1)} / ({L(1)} + math.exp(-{a})))"),
