@@ -301,7 +301,6 @@ def _space(template: str, wl: dict, path: str):
 def check_program(program, constants: dict, path: str = "module program") -> list:
     """A module's program: schema, every step's workload and config, tensors as the kernels need.
     Returns each step's `Config`."""
-    from .tune.task import workload_key
     _keys(program, path, {"format", "modelc", "name", "inputs", "outputs", "tensors", "steps"})
     for f in ("modelc", "name"):
         check_str(program[f], f"{path}.{f}")

@@ -18,7 +18,6 @@ import sys
 import tempfile
 import types
 import threading
-import time
 
 from . import _prefer_wide_vectors  # noqa: F401  (numba must start with our CPU features)
 import numba  # noqa: E402

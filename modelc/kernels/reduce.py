@@ -153,6 +153,17 @@ def tasks_loop(rows: int, rpt: int, prologue: list) -> tuple[list, str]:
     return lines + [f"    for o in range(it * {rpt}, min(it * {rpt} + {rpt}, {rows})):"], "        "
 
 
+def column_tasks(outer: int, inner: int, L: int, W: int, rpt: int, prologue: list):
+    """The parallel loop over blocks of W contiguous kept elements of an [outer, L, inner] tensor
+    reduced over L: (lines, indentation, full blocks, width of the last partial block). A row body
+    has `ob` (outer index), `blk` (block) and `base` (offset of the block's first element)."""
+    nfull, tail = inner // W, inner % W
+    nblk = nfull + (tail > 0)
+    body, ind = tasks_loop(outer * nblk, rpt, prologue)
+    body += [f"{ind}ob = o // {nblk}", f"{ind}blk = o % {nblk}", f"{ind}base = ob * {L * inner} + blk * {W}"]
+    return body, ind, nfull, tail
+
+
 def col_widths(inner: int) -> list:
     """Column block widths: loops of 64+ lanes stay loops that LLVM vectorises; a fully unrolled
     16-lane loop inside a reduction was turned into gathers across the reduced axis."""
@@ -196,7 +207,7 @@ def _plain_float(wl: Workload, ref: str) -> bool:
         wl.outputs[0].layout is None and wl.outputs[0].dtype == t.dtype
 
 
-def _axis(a, rank):
+def axis_index(a, rank):
     a = int(a)
     return a + rank if a < 0 else a
 
@@ -206,7 +217,7 @@ def _axis(a, rank):
 def _softmax_geometry(wl: Workload):
     a = wl.anchor
     shape = wl.spec(a.args[0]).shape
-    ax = _axis(a.attrs.get("axis", -1), len(shape))
+    ax = axis_index(a.attrs.get("axis", -1), len(shape))
     outer = math.prod(shape[:ax])
     inner = math.prod(shape[ax + 1:])
     return shape, ax, outer, shape[ax], inner
@@ -243,7 +254,7 @@ class Softmax(Template):
         else:
             vals["vector_width"] = w = min(space.knobs[0].values, key=lambda w: abs(w - 64))
             rows = outer * -(-inner // w)
-        vals.update(default_rows(rows, 4 * outer * L * inner, _knob(space, "rows_per_task")))
+        vals.update(default_rows(rows, 4 * outer * L * inner, knob_values(space, "rows_per_task")))
         return space.from_values(vals)
 
     def build(self, wl: Workload, cfg) -> Kernel:
@@ -284,12 +295,8 @@ class Softmax(Template):
 
         # ---- column softmax: blocks of W contiguous inner elements, reduced over L ---------
         W = min(cfg["vector_width"], inner)
-        nfull, tail = inner // W, inner % W
-        nblk = nfull + (tail > 0)
-        body, ind = tasks_loop(outer * nblk, RPT, [f"acc = carray(stack_empty({W}, {T}), {W})",
-                                                     f"acs = carray(stack_empty({W}, {T}), {W})"])
-        body += [f"{ind}ob = o // {nblk}", f"{ind}blk = o % {nblk}",
-                 f"{ind}base = ob * {L * inner} + blk * {W}"]
+        body, ind, nfull, tail = column_tasks(outer, inner, L, W, RPT, [f"acc = carray(stack_empty({W}, {T}), {W})",
+                                                                          f"acs = carray(stack_empty({W}, {T}), {W})"])
 
         def column(ind, width):
             lines = [f"{ind}for q in range({width}):", f"{ind}    acc[q] = {ninf}", f"{ind}    acs[q] = {zero}",
@@ -321,7 +328,7 @@ class Softmax(Template):
         return finish(wl, body, [x_arg], cfg["parallel"], EXTRA)
 
 
-def _knob(space: ConfigSpace, name: str) -> list:
+def knob_values(space: ConfigSpace, name: str) -> list:
     return next(k.values for k in space.knobs if k.name == name)
 
 
@@ -330,7 +337,7 @@ def _knob(space: ConfigSpace, name: str) -> list:
 def _layernorm_geometry(wl: Workload):
     a = wl.anchor
     shape = wl.spec(a.args[0]).shape
-    ax = _axis(a.attrs.get("axis", -1), len(shape))
+    ax = axis_index(a.attrs.get("axis", -1), len(shape))
     return shape, ax, math.prod(shape[:ax]), math.prod(shape[ax:])
 
 
@@ -361,7 +368,7 @@ class LayerNorm(Template):
     def default_config(self, wl: Workload, space: ConfigSpace):
         shape, ax, rows, L = _layernorm_geometry(wl)
         vals = {"statistics": "two_pass"}
-        vals.update(default_rows(rows, 2 * rows * L, _knob(space, "rows_per_task")))
+        vals.update(default_rows(rows, 2 * rows * L, knob_values(space, "rows_per_task")))
         return space.from_values(vals)
 
     def build(self, wl: Workload, cfg) -> Kernel:
@@ -436,7 +443,7 @@ def _reduce_axes(wl: Workload):
         axes = []
     if not axes:
         return () if int(a.attrs.get("noop_with_empty_axes", 0)) else tuple(range(rank))
-    return tuple(sorted({_axis(v, rank) for v in axes}))
+    return tuple(sorted({axis_index(v, rank) for v in axes}))
 
 
 def _groups(shape, axes) -> list:
@@ -498,7 +505,7 @@ class Reduce(Template):
         if not g["row"]:
             vals["vector_width"] = w = min(space.knobs[0].values, key=lambda w: abs(w - 64))
             rows = g["outer"] * -(-g["inner"] // w)
-        vals.update(default_rows(rows, total, _knob(space, "rows_per_task")))
+        vals.update(default_rows(rows, total, knob_values(space, "rows_per_task")))
         return space.from_values(vals)
 
     def build(self, wl: Workload, cfg) -> Kernel:
@@ -596,123 +603,3 @@ class Reduce(Template):
         else:
             body += column(ind, W)
         return finish(wl, body, [x_arg], cfg["parallel"], EXTRA)
-
-
-# ---- ArgMax / ArgMin -------------------------------------------------------------------------
-
-ARGS = {"ArgMax", "ArgMin"}
-
-
-def _arg_geometry(wl: Workload):
-    a = wl.anchor
-    shape = wl.spec(a.args[0]).shape
-    ax = _axis(a.attrs.get("axis", 0), len(shape))
-    return shape, ax, math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1:])
-
-
-def _isnan(v: str, dt) -> str:
-    """A NaN test of the IEEE bits (see expr._float_class: no fast-math assumption folds it)."""
-    bits = 32 if np.dtype(dt) == np.float32 else 64
-    it = np.dtype(f"int{bits}")
-    return f"((float_bits({v}) & {lit((1 << (bits - 1)) - 1, it)}) > {lit(int(np.array(np.inf, dt).view(it)), it)})"
-
-
-def arg_better(op: str, last: bool, v: str, best: str, dt) -> str:
-    """When `v` replaces `best` in a scan that keeps the first (or `last`) index of the maximum
-    (ArgMax) or minimum (ArgMin). NaN counts as the extreme, as in numpy (the reference): the
-    first NaN wins, or the last with select_last_index."""
-    cmp = (">=" if last else ">") if op == "ArgMax" else ("<=" if last else "<")
-    if np.dtype(dt).kind != "f":
-        return f"{v} {cmp} {best}"
-    nv, nb = _isnan(v, dt), _isnan(best, dt)
-    if last:
-        return f"{nv} or (not {nb} and {v} {cmp} {best})"
-    return f"not {nb} and ({nv} or {v} {cmp} {best})"
-
-
-@register
-class ArgReduce(Template):
-    """ArgMax / ArgMin over one axis (keepdims, select_last_index), int64 indices, with any
-    elementwise epilogue. Rows (the axis innermost) are scalar scans; otherwise a block of
-    `vector_width` contiguous kept elements is scanned together (value and index per lane)."""
-    name = "arg_reduce"
-
-    def matches(self, wl: Workload) -> bool:
-        a = wl.anchor
-        if a.op not in ARGS or not a.args[0].startswith("i"):
-            return False
-        x = wl.spec(a.args[0])
-        if x.layout is not None or x.dtype.kind not in "iuf" or wl.outputs[0].layout is not None:
-            return False
-        return _arg_geometry(wl)[3] > 0 and chain_ok(wl)
-
-    def space(self, wl: Workload) -> ConfigSpace:
-        shape, ax, outer, L, inner = _arg_geometry(wl)
-        sp = ConfigSpace()
-        if inner == 1:
-            define_rows(sp, outer)
-        else:
-            sp.define_knob("vector_width", col_widths(inner))
-            define_rows(sp, outer * -(-inner // 16))
-        return sp
-
-    def default_config(self, wl: Workload, space: ConfigSpace):
-        shape, ax, outer, L, inner = _arg_geometry(wl)
-        vals, rows = {}, outer
-        if inner > 1:
-            vals["vector_width"] = w = min(space.knobs[0].values, key=lambda w: abs(w - 64))
-            rows = outer * -(-inner // w)
-        vals.update(default_rows(rows, outer * L * inner, _knob(space, "rows_per_task")))
-        return space.from_values(vals)
-
-    def build(self, wl: Workload, cfg) -> Kernel:
-        shape, ax, outer, L, inner = _arg_geometry(wl)
-        a = wl.anchor
-        last = bool(a.attrs.get("select_last_index", 0))
-        dt = wl.spec(a.args[0]).dtype
-        x_arg = int(a.args[0][1:])
-        X = f"in{x_arg}"
-        RPT = cfg["rows_per_task"]
-
-        if inner == 1:
-            body, ind = tasks_loop(outer, RPT, [])
-            body += [f"{ind}base = o * {L}",
-                     f"{ind}best = {X}[np.uintp(base)]",
-                     f"{ind}bi = 0",
-                     f"{ind}for i in range(1, {L}):",
-                     f"{ind}    v = {X}[np.uintp(base + i)]",
-                     f"{ind}    if {arg_better(a.op, last, 'v', 'best', dt)}:",
-                     f"{ind}        best = v",
-                     f"{ind}        bi = i"]
-            body += store(wl, ind, "np.int64(bi)", "o")
-            return finish(wl, body, [x_arg], cfg["parallel"])
-
-        W = min(cfg["vector_width"], inner)
-        nfull, tail = inner // W, inner % W
-        nblk = nfull + (tail > 0)
-        body, ind = tasks_loop(outer * nblk, RPT, [f"acc = carray(stack_empty({W}, {ctor(dt)}), {W})",
-                                                   f"aci = carray(stack_empty({W}, np.int64), {W})"])
-        body += [f"{ind}ob = o // {nblk}", f"{ind}blk = o % {nblk}",
-                 f"{ind}base = ob * {L * inner} + blk * {W}"]
-
-        def column(ind, width):
-            lines = [f"{ind}for q in range({width}):",
-                     f"{ind}    acc[q] = {X}[np.uintp(base + q)]",
-                     f"{ind}    aci[q] = 0",
-                     f"{ind}for l in range(1, {L}):",
-                     f"{ind}    xb = np.uintp(base + l * {inner})",
-                     f"{ind}    for q in range({width}):",
-                     f"{ind}        v = {X}[xb + np.uintp(q)]",
-                     f"{ind}        if {arg_better(a.op, last, 'v', 'acc[q]', dt)}:",
-                     f"{ind}            acc[q] = v",
-                     f"{ind}            aci[q] = l",
-                     f"{ind}for q in range({width}):"]
-            lines += store(wl, ind + "    ", "aci[q]", f"np.uintp(ob * {inner} + blk * {W} + q)")
-            return lines
-
-        if tail:
-            body += [f"{ind}if blk < {nfull}:"] + column(ind + "    ", W)
-            body += [f"{ind}else:"] + column(ind + "    ", tail)
-        else:
-            body += column(ind, W)
-        return finish(wl, body, [x_arg], cfg["parallel"])

@@ -25,7 +25,7 @@ from ..errors import InputError, ModelcError
 from ..kernels import cache, launch
 from ..kernels import templates as _templates  # noqa: F401  (registers the templates)
 from ..kernels.fallback import why as fallback_why
-from ..kernels.layout import from_physical, physical_size, same_as_plain, to_physical
+from ..kernels.layout import from_physical, same_as_plain, to_physical
 from ..kernels.template import get as get_template
 from ..kernels.workload import Workload
 from ..validate import DocumentError, check_program
@@ -93,7 +93,7 @@ class _Context:
     """
 
     def __init__(self, mod: "Module"):
-        plan, tensors = mod.plan, mod._tensors
+        plan = mod.plan
         self.buffers = [np.zeros(size, dt) for size, dt in plan.buffers]
 
         def buf(name):
