@@ -11,8 +11,8 @@ import numpy as np
 
 from .expr import ctor, lit
 from .pool import chain_ok
-from .reduce import (axis_index, col_widths, column_tasks, default_rows, define_rows, finish,
-                     knob_values, store, tasks_loop)
+from .reduce import (axis_index, column_tasks, default_rows, define_row_or_column, finish, knob_values,
+                     store, tasks_loop)
 from .space import ConfigSpace
 from .template import Kernel, Template, register
 from .workload import Workload
@@ -67,11 +67,7 @@ class ArgReduce(Template):
     def space(self, wl: Workload) -> ConfigSpace:
         shape, ax, outer, L, inner = _arg_geometry(wl)
         sp = ConfigSpace()
-        if inner == 1:
-            define_rows(sp, outer)
-        else:
-            sp.define_knob("vector_width", col_widths(inner))
-            define_rows(sp, outer * -(-inner // 16))
+        define_row_or_column(sp, outer, inner)
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):

@@ -170,6 +170,13 @@ def col_widths(inner: int) -> list:
     return [w for w in COL_WIDTHS if w <= inner] or [inner]
 
 
+def define_row_or_column(sp: ConfigSpace, outer: int, inner: int):
+    """Knobs of a reduction over rows (inner == 1) or over blocks of `inner` contiguous columns."""
+    if inner > 1:
+        sp.define_knob("vector_width", col_widths(inner))
+    define_rows(sp, outer if inner == 1 else outer * -(-inner // 16))
+
+
 def define_rows(sp: ConfigSpace, rows: int):
     sp.define_knob("rows_per_task", [r for r in RPT_CANDIDATES if r <= rows] or [1])
     sp.define_annotate("parallel", [True, False])
@@ -235,13 +242,9 @@ class Softmax(Template):
     def space(self, wl: Workload) -> ConfigSpace:
         shape, ax, outer, L, inner = _softmax_geometry(wl)
         sp = ConfigSpace()
-        if inner == 1:
-            if wl.anchor.op == "Softmax":
-                sp.define_knob("store_exp", [True, False])
-            define_rows(sp, outer)
-        else:
-            sp.define_knob("vector_width", col_widths(inner))
-            define_rows(sp, outer * -(-inner // 16))
+        if inner == 1 and wl.anchor.op == "Softmax":
+            sp.define_knob("store_exp", [True, False])
+        define_row_or_column(sp, outer, inner)
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
