@@ -22,7 +22,8 @@ from .template import Kernel, Template, broadcast_index, register, source
 from .workload import Workload
 
 MOVES = {"Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Tile", "Pad", "Split",
-         "Flatten", "Squeeze", "Unsqueeze", "Resize"}
+         "Flatten", "Squeeze", "Unsqueeze", "Resize", "GatherElements", "GatherND", "Trilu", "OneHot",
+         "EyeLike", "DepthToSpace", "SpaceToDepth"}
 CHANNEL_OPS = {"BatchNormalization"}    # elementwise, with parameters along axis 1 (not epilogues)
 MAX_RESIZE_TERMS = 64         # taps per output element (cubic 2-d: 16); antialiased shrinks go beyond
 
@@ -206,10 +207,9 @@ class _Gen:
                 lines.append(f"{ind}    {name} = {v}")
                 start += size
             return name
+        if op.op == "Pad" and op.attrs.get("mode", "constant") != "constant":
+            return self._pad_mode(op, x, in_shape, idx, lines, ind, memo)
         if op.op == "Pad":
-            mode = op.attrs.get("mode", "constant")
-            if mode != "constant":
-                raise ModelcError(f"Pad mode {mode} has no injective kernel")
             pads = wl.params[a[1]].tolist()
             r = len(in_shape)
             axes = wl.params[a[3]].tolist() if len(a) > 3 and a[3] else list(range(r))
@@ -234,17 +234,119 @@ class _Gen:
             q = len(ishape)
             iv = self.fresh()
             index_expr = self.value(a[1], list(idx[axis:axis + q]), lines, ind, memo)
-            lines.append(f"{ind}{iv} = np.int64({index_expr})")
-            lines.append(f"{ind}if {iv} < 0:")
-            lines.append(f"{ind}    {iv} += {in_shape[axis]}")
-            # an index out of range (a run-time input) is clipped, as TVM's take(mode="clip"):
-            # never a read outside the buffer (constant indices are checked at import)
-            lines.append(f"{ind}{iv} = min(max({iv}, 0), {in_shape[axis] - 1})")
+            self._clip(iv, index_expr, in_shape[axis], lines, ind)
             sub = list(idx[:axis]) + [iv] + list(idx[axis + q:])
             return self.value(x, sub, lines, ind, memo)
+        if op.op == "GatherElements":
+            axis = op.attrs.get("axis", 0) % len(in_shape)
+            iv = self.fresh()
+            self._clip(iv, self.value(a[1], list(idx), lines, ind, memo), in_shape[axis], lines, ind)
+            sub = list(idx)
+            sub[axis] = iv
+            return self.value(x, sub, lines, ind, memo)
+        if op.op == "GatherND":
+            b = op.attrs.get("batch_dims", 0)
+            ishape = self.shape(a[1])
+            q, k = len(ishape) - 1, ishape[-1]
+            cols = []
+            for j in range(k):
+                iv = self.fresh()
+                self._clip(iv, self.value(a[1], list(idx[:q]) + [str(j)], lines, ind, memo),
+                           in_shape[b + j], lines, ind)
+                cols.append(iv)
+            return self.value(x, list(idx[:b]) + cols + list(idx[q:]), lines, ind, memo)
+        if op.op == "Trilu":
+            # triu keeps col - row >= k, tril keeps col - row <= k; k may be a run-time scalar
+            kk = self.value(a[1], ["0"] * len(self.shape(a[1])), lines, ind, memo) \
+                if len(a) > 1 and a[1] else "0"
+            cmp = ">=" if op.attrs.get("upper", 1) else "<="
+            name = self.fresh()
+            lines.append(f"{ind}{name} = {lit(0, dtype)}")
+            lines.append(f"{ind}if ({idx[-1]}) - ({idx[-2]}) {cmp} np.int64({kk}):")
+            body = []
+            v = self.value(x, list(idx), body, ind + "    ", {})
+            lines.extend(body)
+            lines.append(f"{ind}    {name} = {v}")
+            return name
+        if op.op == "EyeLike":
+            return f"({lit(1, dtype)} if ({idx[1]}) - ({idx[0]}) == {int(op.attrs.get('k', 0))} " \
+                   f"else {lit(0, dtype)})"
+        if op.op == "OneHot":
+            d = out_shape[op.attrs.get("axis", -1) % len(out_shape)]
+            ax = op.attrs.get("axis", -1) % len(out_shape)
+            iv = self.fresh()
+            raw = self.value(x, list(idx[:ax]) + list(idx[ax + 1:]), lines, ind, memo)
+            lines.append(f"{ind}{iv} = np.int64({raw})")
+            lines.append(f"{ind}if {iv} < 0:")
+            lines.append(f"{ind}    {iv} += {d}")
+            off = self.value(a[2], ["0"], lines, ind, memo)
+            on = self.value(a[2], ["1"], lines, ind, memo)
+            return f"({on} if {iv} == {idx[ax]} else {off})"
+        if op.op in ("DepthToSpace", "SpaceToDepth"):
+            return self.value(x, self._blocks(op, in_shape, out_shape, idx), lines, ind, memo)
         if op.op == "Resize":
             return self._resize(op, x, in_shape, idx, dtype, lines, ind, memo)
         raise ModelcError(f"op {op.op} has no injective kernel")
+
+    def _clip(self, iv, index_expr, dim, lines, ind):
+        """`iv` = the index read, negative ones wrapped; one out of range (a run-time input) is
+        clipped, as TVM's take(mode="clip"): never a read outside the buffer (constant indices
+        are checked at import)."""
+        lines.append(f"{ind}{iv} = np.int64({index_expr})")
+        lines.append(f"{ind}if {iv} < 0:")
+        lines.append(f"{ind}    {iv} += {dim}")
+        lines.append(f"{ind}{iv} = min(max({iv}, 0), {dim - 1})")
+
+    @staticmethod
+    def _blocks(op, in_shape, out_shape, idx):
+        """DepthToSpace / SpaceToDepth as index arithmetic (the reference's reshape + transpose)."""
+        b = op.attrs["blocksize"]
+        crd = op.attrs.get("mode", "DCR") == "CRD"
+        n, c, y, x = idx
+        if op.op == "DepthToSpace":
+            cc = out_shape[1]
+            b1, b2 = f"(({y}) % {b})", f"(({x}) % {b})"
+            ch = f"({c}) * {b * b} + {b1} * {b} + {b2}" if crd else f"({b1} * {b} + {b2}) * {cc} + ({c})"
+            return [n, ch, f"({y}) // {b}", f"({x}) // {b}"]
+        ci = in_shape[1]
+        if crd:
+            src, b1, b2 = f"({c}) // {b * b}", f"((({c}) // {b}) % {b})", f"(({c}) % {b})"
+        else:
+            src, b1, b2 = f"(({c}) % {ci})", f"(({c}) // {b * ci})", f"((({c}) // {ci}) % {b})"
+        return [n, src, f"({y}) * {b} + {b1}", f"({x}) * {b} + {b2}"]
+
+    def _pad_mode(self, op, x, in_shape, idx, lines, ind, memo):
+        """Pad reflect / edge / wrap: negative pads crop first (as the reference does), then each
+        padded axis folds its index back into the cropped input."""
+        a = op.args
+        pads = self.wl.params[a[1]].tolist()
+        r = len(in_shape)
+        axes = self.wl.params[a[3]].tolist() if len(a) > 3 and a[3] else list(range(r))
+        begin, end = [0] * r, [0] * r
+        for j, ax in enumerate(axes):
+            begin[ax % r], end[ax % r] = pads[j], pads[len(axes) + j]
+        mode = op.attrs["mode"]
+        sub = list(idx)
+        for ax in range(r):
+            lo, hi = max(-begin[ax], 0), max(-end[ax], 0)
+            n = in_shape[ax] - lo - hi
+            pb, pe = max(begin[ax], 0), max(end[ax], 0)
+            if not pb and not pe:
+                if lo:
+                    sub[ax] = f"{idx[ax]} + {lo}"
+                continue
+            j = self.fresh()
+            lines.append(f"{ind}{j} = np.int64({idx[ax]}) - {pb}")
+            if mode == "edge" or n == 1:
+                lines.append(f"{ind}{j} = min(max({j}, 0), {n - 1})")
+            elif mode == "wrap":
+                lines.append(f"{ind}{j} = {j} % {n}")
+            else:                                     # reflect: period 2n - 2, no edge repeated
+                lines.append(f"{ind}{j} = {j} % {2 * n - 2}")
+                lines.append(f"{ind}if {j} >= {n}:")
+                lines.append(f"{ind}    {j} = {2 * n - 2} - {j}")
+            sub[ax] = f"{j} + {lo}" if lo else j
+        return self.value(x, sub, lines, ind, memo)
 
     def _resize(self, op, x, in_shape, idx, dtype, lines, ind, memo):
         """Separable resize: per resized axis, input taps and weights come from tables indexed by
@@ -317,7 +419,10 @@ class Injective(Template):
                 continue
             if op.op not in ELEMENTWISE and op.op not in MOVES:
                 return False
-            if op.op == "Pad" and op.attrs.get("mode", "constant") != "constant":
+            if op.op == "Pad" and op.attrs.get("mode", "constant") != "constant" and any(
+                    d == 0 for d in wl.spec(op.args[0]).shape):
+                return False                    # nothing to reflect or repeat: the reference says why
+            if op.op in ("DepthToSpace", "SpaceToDepth") and len(wl.spec(op.args[0]).shape) != 4:
                 return False
             if op.op in ("Slice", "Pad", "Split") and any(
                     x.startswith("i") for x in op.args[1:] if x):

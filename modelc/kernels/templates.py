@@ -5,5 +5,6 @@ from . import depthwise  # noqa: F401
 from . import conv_generic  # noqa: F401  (after conv2d and depthwise)
 from . import pool  # noqa: F401
 from . import reduce, arg_reduce  # noqa: F401
+from . import scatter  # noqa: F401
 from . import injective  # noqa: F401,E402  (after the specialised templates)
 from . import fallback  # noqa: F401,E402  (matches everything: keep it last)

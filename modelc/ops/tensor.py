@@ -457,7 +457,22 @@ def _scatter(out, key, updates, reduction):
     return out
 
 
-@register("ScatterElements", Kind.OPAQUE, infer=_same)
+def _scatter_elements_infer(x, idx, updates, axis=0, reduction="none"):
+    _check_indices(idx, x.shape[_axis(axis, len(x.shape))])
+    return x.shape, x.dtype
+
+
+def _scatter_nd_infer(x, idx, updates, reduction="none"):
+    if idx.value is not None and len(idx.shape) and idx.shape[-1] <= len(x.shape):
+        v = np.asarray(idx.value)
+        if v.dtype.kind not in "iu":
+            raise ValueError(f"indices must be integers, got {v.dtype}")
+        for j in range(idx.shape[-1]):
+            _wrap(v[..., j], x.shape[j])
+    return x.shape, x.dtype
+
+
+@register("ScatterElements", Kind.OPAQUE, infer=_scatter_elements_infer)
 def scatter_elements(x, indices, updates, *, axis=0, reduction="none"):
     a = _axis(axis, x.ndim)
     key = list(np.indices(indices.shape, sparse=True))
@@ -465,7 +480,7 @@ def scatter_elements(x, indices, updates, *, axis=0, reduction="none"):
     return _scatter(x.copy(), tuple(key), updates, reduction)
 
 
-@register("ScatterND", Kind.OPAQUE, infer=_same)
+@register("ScatterND", Kind.OPAQUE, infer=_scatter_nd_infer)
 def scatter_nd(x, indices, updates, *, reduction="none"):
     k = indices.shape[-1]
     idx = indices.reshape(-1, k)
@@ -480,7 +495,7 @@ def _onehot_infer(idx, depth, values, axis=-1):
     return idx.shape[:a] + (d,) + idx.shape[a:], values.dtype
 
 
-@register("OneHot", Kind.OPAQUE, infer=_onehot_infer, param_inputs=(1,))
+@register("OneHot", Kind.INJECTIVE, infer=_onehot_infer, param_inputs=(1,))
 def one_hot(indices, depth, values, *, axis=-1):
     d = int(np.asarray(depth).reshape(-1)[0])
     a = _axis(axis, indices.ndim + 1)
@@ -514,7 +529,7 @@ def topk(x, k, *, axis=-1, largest=1, sorted=1):
     return np.take_along_axis(x, idx, axis=a), idx.astype(np.int64)
 
 
-@register("Trilu", Kind.OPAQUE, infer=_same)
+@register("Trilu", Kind.INJECTIVE, infer=_same)
 def trilu(x, k=None, *, upper=1):
     kk = 0 if k is None else int(np.asarray(k).reshape(-1)[0])
     return np.triu(x, kk) if upper else np.tril(x, kk)
@@ -524,7 +539,7 @@ def _eyelike_dtype(x, dtype):
     return x.dtype if dtype is None else onnx_dtype(dtype)
 
 
-@register("EyeLike", Kind.OPAQUE,
+@register("EyeLike", Kind.INJECTIVE,
           infer=lambda x, dtype=None, k=0: (x.shape, _eyelike_dtype(x, dtype)))
 def eye_like(x, *, dtype=None, k=0):
     if x.ndim != 2:
