@@ -1,0 +1,179 @@
+"""Pools the 2-d template (pool.py) leaves: MaxPool / AveragePool / LpPool of any spatial rank, any
+pads (auto_pad, ceil_mode overhang, pads as large as the window), integer MaxPool, and MaxPool's
+Indices output (storage_order 0 or 1).
+
+Plain NC<spatial> layout. One parallel loop over output elements (tasks of `rows_per_task`); each
+element walks its window with explicit bounds per spatial axis, so nothing outside the input is read
+and padding never enters a max. AveragePool divides by the count of real taps, or of taps inside the
+padded input (count_include_pad; the ceil-mode overhang is never counted), in float64; LpPool is
+(sum |x|^p)^(1/p) over the real taps, in float64, as the reference computes it. MaxPool keeps the
+first tap (row-major) that holds the maximum, the index ONNX and the reference report.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..ops.nn import _geometry
+from .expr import ctor, lit
+from .pool import chain_ok
+from .reduce import default_rows, define_rows, knob_values, store
+from .space import ConfigSpace
+from .template import Kernel, Template, epilogue_inputs, register, source
+from .workload import Workload
+
+OPS = ("MaxPool", "AveragePool", "LpPool")
+
+
+def _geo(wl: Workload):
+    a = wl.anchor
+    x = wl.spec(a.args[0])
+    at = a.attrs
+    return x.shape, _geometry(tuple(x.shape[2:]), at.get("kernel_shape"), at.get("strides"),
+                              at.get("dilations"), at.get("pads"), at.get("auto_pad", "NOTSET") or "NOTSET",
+                              int(at.get("ceil_mode", 0)))
+
+
+def _outputs_mode(wl: Workload):
+    """'chain' (one output, any elementwise epilogue) or a list of MaxPool result positions (0 =
+    values, 1 = indices) per workload output; None when neither."""
+    if chain_ok(wl):
+        return "chain"
+    a = wl.anchor
+    if a.op != "MaxPool" or wl.epilogue:
+        return None
+    pos = []
+    for v in wl.output_values:
+        if v not in ("v0.0", "v0.1"):
+            return None
+        pos.append(int(v[-1]))
+    return pos if len(set(pos)) == len(pos) else None
+
+
+@register
+class PoolNd(Template):
+    name = "pool_nd"
+    priority = 5          # after the 2-d template, which handles its forms faster
+
+    def matches(self, wl: Workload) -> bool:
+        a = wl.anchor
+        if a.op not in OPS or not a.args[0].startswith("i"):
+            return False
+        x = wl.spec(a.args[0])
+        if x.layout is not None or any(o.layout is not None for o in wl.outputs) or len(x.shape) < 3:
+            return False
+        if a.op == "MaxPool":
+            if x.dtype.kind not in "iuf":
+                return False
+        elif x.dtype not in (np.float32, np.float64):
+            return False
+        mode = _outputs_mode(wl)
+        if mode is None:
+            return False
+        if mode == "chain" and wl.epilogue == [] and wl.outputs[0].dtype != x.dtype:
+            return False
+        if a.op == "LpPool" and int(a.attrs.get("p", 2)) < 1:
+            return False
+        try:
+            shape, geo = _geo(wl)
+        except (ValueError, TypeError):
+            return False
+        return x.size > 0 and all(o > 0 for o in geo.out)
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        sp = ConfigSpace()
+        define_rows(sp, wl.outputs[0].size)
+        return sp
+
+    def default_config(self, wl: Workload, space: ConfigSpace):
+        shape, geo = _geo(wl)
+        work = wl.outputs[0].size * math.prod(geo.kernel)
+        return space.from_values(default_rows(wl.outputs[0].size // 64 or 1, work,
+                                              knob_values(space, "rows_per_task")))
+
+    def build(self, wl: Workload, cfg) -> Kernel:
+        a = wl.anchor
+        shape, geo = _geo(wl)
+        x = wl.spec(a.args[0])
+        dt = x.dtype
+        T = ctor(dt)
+        x_arg = int(a.args[0][1:])
+        X = f"in{x_arg}"
+        nd = len(geo.out)
+        sp = shape[2:]
+        P = math.prod(sp)
+        st = [math.prod(sp[d + 1:]) for d in range(nd)]
+        O = geo.out
+        total = shape[0] * shape[1] * math.prod(O)
+        RPT = cfg["rows_per_task"]
+        nt = -(-total // RPT)
+        mode = _outputs_mode(wl)
+        op = a.op
+        body = [f"for it in prange({nt}):",
+                f"    for o in range(it * {RPT}, min(it * {RPT} + {RPT}, {total})):",
+                "        q = o"]
+        ind = "        "
+        for d in reversed(range(nd)):
+            body += [f"{ind}o{d} = q % {O[d]}", f"{ind}q = q // {O[d]}"]
+        body += [f"{ind}xb = q * {P}"]
+        for d in range(nd):
+            body += [f"{ind}s{d} = o{d} * {geo.strides[d]} - {geo.begin[d]}"]
+        if op == "MaxPool":
+            low = lit(-np.inf if dt.kind == "f" else np.iinfo(dt).min, dt)
+            body += [f"{ind}acc = {low}", f"{ind}bi = -1"]
+        else:
+            body += [f"{ind}acc = np.float64(0)"]
+        if op == "AveragePool":
+            inc = bool(int(a.attrs.get("count_include_pad", 0)))
+            body += [f"{ind}cnt = 1"]
+            for d in range(nd):
+                lo, hi = (-geo.begin[d], sp[d] + geo.end[d]) if inc else (0, sp[d])
+                body += [f"{ind}c = 0",
+                         f"{ind}for k in range({geo.kernel[d]}):",
+                         f"{ind}    i = s{d} + k * {geo.dilations[d]}",
+                         f"{ind}    if i >= {lo} and i < {hi}:",
+                         f"{ind}        c += 1",
+                         f"{ind}cnt *= c"]
+        # the window: nested loops over the taps inside the input
+        off = "xb"
+        for d in range(nd):
+            body += [f"{ind}for k{d} in range({geo.kernel[d]}):",
+                     f"{ind}    i{d} = s{d} + k{d} * {geo.dilations[d]}",
+                     f"{ind}    if i{d} >= 0 and i{d} < {sp[d]}:"]
+            ind += "        "
+            off += f" + i{d} * {st[d]}"
+        body += [f"{ind}v = {X}[np.uintp({off})]"]
+        if op == "MaxPool":
+            body += [f"{ind}if bi < 0 or v > acc:", f"{ind}    acc = v",
+                     f"{ind}    bi = {' + '.join(f'i{d} * {st[d]}' for d in range(nd))}"]
+            if int(a.attrs.get("storage_order", 0)):
+                cm = [math.prod(sp[:d]) for d in range(nd)]
+                body[-1] = f"{ind}    bi = {' + '.join(f'i{d} * {cm[d]}' for d in range(nd))}"
+        elif op == "AveragePool":
+            body += [f"{ind}acc += np.float64(v)"]
+        else:
+            p = int(a.attrs.get("p", 2))
+            av = "abs(np.float64(v))"
+            term = {1: av, 2: "np.float64(v) * np.float64(v)"}.get(p, f"{av} ** {p}")
+            body += [f"{ind}acc += {term}"]
+        ind = "        "
+        if op == "AveragePool":
+            val = f"{T}(acc / np.float64(cnt))"
+        elif op == "LpPool":
+            p = int(a.attrs.get("p", 2))
+            val = f"{T}(math.sqrt(acc))" if p == 2 else f"{T}(acc)" if p == 1 else \
+                f"{T}(acc ** {lit(1.0 / p, np.float64)})"
+        else:
+            val = "acc"
+        if mode == "chain":
+            body += store(wl, ind, val, "o")
+            args = ["out0", X] + [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
+            dtypes = [wl.outputs[0].dtype] + [wl.inputs[int(n[2:])].dtype for n in args[1:]]
+        else:
+            for k, pos in enumerate(mode):
+                v = val if pos == 0 else f"np.int64(bi + q * {P})"
+                body += [f"{ind}out{k}[np.uintp(o)] = {v}"]
+            args = [f"out{k}" for k in range(len(mode))] + [X]
+            dtypes = [wl.outputs[k].dtype for k in range(len(mode))] + [dt]
+        return Kernel(source(args, dtypes, body, parallel=cfg["parallel"]), args)
