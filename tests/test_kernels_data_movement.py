@@ -1,0 +1,160 @@
+"""Data-movement ops with generated kernels (no numpy fallback), against onnxruntime: Trilu,
+OneHot, EyeLike, GatherElements, GatherND, DepthToSpace, SpaceToDepth, Pad reflect/edge/wrap
+(injective template) and ScatterElements/ScatterND (scatter template)."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import modelc
+from modelc.errors import ModelcError
+
+_TP = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
+       np.dtype(np.int32): TensorProto.INT32, np.dtype(np.bool_): TensorProto.BOOL}
+_RNG = np.random.default_rng(0)
+
+
+def _c(name, v, dt=np.int64):
+    return numpy_helper.from_array(np.asarray(v, dt), name)
+
+
+def _model(nodes, feeds, inits=(), out_type=TensorProto.FLOAT, opset=18):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, _TP[v.dtype], v.shape)
+                                       for k, v in feeds.items()],
+                          [helper.make_tensor_value_info("y", out_type, None)], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _check(nodes, feeds, inits=(), out_type=TensorProto.FLOAT, against="ort"):
+    m = _model(nodes, feeds, inits, out_type)
+    mod = modelc.compile(m)
+    assert not mod.fallbacks, mod.fallbacks
+    got = np.asarray(mod.run(feeds)["y"])
+    if against == "ort":
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    else:
+        want = modelc.reference.run(modelc.from_onnx(m), feeds)["y"]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    return mod
+
+
+def _x(*shape):
+    return _RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k", [None, -1, 2, 9])
+def test_trilu(upper, k):
+    feeds = {"x": _x(2, 4, 5)}
+    inits = [] if k is None else [_c("k", k)]
+    _check([helper.make_node("Trilu", ["x"] + (["k"] if k is not None else []), ["y"], upper=upper)],
+           feeds, inits)
+
+
+def test_trilu_runtime_k_then_relu():
+    feeds = {"x": _x(3, 6), "k": np.array(-1, np.int64)}
+    _check([helper.make_node("Trilu", ["x", "k"], ["t"], upper=1),
+            helper.make_node("Relu", ["t"], ["y"])], feeds)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_onehot(axis):
+    feeds = {"i": np.array([[0, 3, -1], [7, -5, 2]], np.int64), "v": np.array([-2.0, 5.0], np.float32)}
+    _check([helper.make_node("OneHot", ["i", "d", "v"], ["y"], axis=axis)], feeds, [_c("d", [5])])
+
+
+@pytest.mark.parametrize("k", [0, 1, -2])
+def test_eyelike(k):
+    feeds = {"x": _x(4, 6)}
+    _check([helper.make_node("EyeLike", ["x"], ["e"], k=k, dtype=TensorProto.INT32),
+            helper.make_node("Cast", ["e"], ["y"], to=TensorProto.FLOAT)], feeds)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_elements_runtime_negative_indices(axis):
+    x = _x(3, 4, 5)
+    n = x.shape[axis]
+    idx = _RNG.integers(-n, n, (3, 4, 2) if axis == -1 else (2, 4, 5) if axis == 0 else (3, 2, 5))
+    _check([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=axis)], {"x": x, "i": idx})
+
+
+def test_gather_elements_chain_constant_indices():
+    """GatherElements inside an injective chain (ONNX's expanded functions have such groups)."""
+    x = _x(4, 6)
+    _check([helper.make_node("Neg", ["x"], ["n"]),
+            helper.make_node("GatherElements", ["n", "i"], ["g"], axis=1),
+            helper.make_node("Mul", ["g", "x2"], ["y"])],
+           {"x": x, "x2": _x(4, 3)}, [_c("i", [[0, 5, -1], [2, 2, 3], [-6, 1, 0], [4, 3, 2]])])
+
+
+@pytest.mark.parametrize("batch_dims", [0, 1])
+def test_gather_nd(batch_dims):
+    x = _x(3, 4, 5)
+    idx = _RNG.integers(-3, 3, (3, 2, 2)) if batch_dims else _RNG.integers(-3, 3, (2, 3, 2))
+    _check([helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=batch_dims)], {"x": x, "i": idx})
+
+
+def test_gather_elements_out_of_range_runtime_index_is_clipped():
+    """onnxruntime refuses it; the kernel never reads outside the buffer (clipped, as Gather)."""
+    x = _x(2, 3)
+    m = _model([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)],
+               {"x": x, "i": np.zeros((2, 2), np.int64)})
+    mod = modelc.compile(m)
+    assert not mod.fallbacks
+    got = mod.run({"x": x, "i": np.array([[100, -100], [2, 0]], np.int64)})["y"]
+    np.testing.assert_array_equal(got, [[x[0, 2], x[0, 0]], [x[1, 2], x[1, 0]]])
+
+
+@pytest.mark.parametrize("op,mode", [("DepthToSpace", "DCR"), ("DepthToSpace", "CRD"), ("SpaceToDepth", None)])
+def test_depth_space(op, mode):
+    x = _x(2, 8, 2, 3) if op == "DepthToSpace" else _x(2, 3, 4, 6)
+    attrs = {"blocksize": 2} | ({"mode": mode} if mode else {})
+    _check([helper.make_node(op, ["x"], ["y"], **attrs)], {"x": x})
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pads,axes", [([1, 2, 0, 2, 1, 3], None), ([0, -1, 2, 1], [0, 2])])
+def test_pad_modes(mode, pads, axes):
+    inits = [_c("p", pads)] + ([_c("a", axes)] if axes else [])
+    ins = ["x", "p"] + (["", "a"] if axes else [])
+    _check([helper.make_node("Pad", ins, ["y"], mode=mode)], {"x": _x(3, 4, 5)}, inits)
+
+
+def test_pad_wrap_wider_than_input():
+    _check([helper.make_node("Pad", ["x", "p"], ["y"], mode="wrap")], {"x": _x(2, 3)}, [_c("p", [0, 4, 0, 7])])
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_elements_duplicates(reduction):
+    x = _x(3, 5)
+    idx = np.array([[1, 1, -1], [0, 4, 0], [2, 2, 2]], np.int64)
+    feeds = {"x": x, "i": idx, "u": _x(3, 3)}
+    against = "reference" if reduction == "none" else "ort"    # duplicates: ONNX leaves 'none' open
+    _check([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=1, reduction=reduction)],
+           feeds, against=against)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_nd(reduction):
+    x = _x(4, 3, 2)
+    idx = np.array([[[1], [-1]], [[0], [1]]], np.int64) if reduction != "none" else \
+        np.array([[[1], [-1]], [[0], [2]]], np.int64)
+    feeds = {"x": x, "i": idx, "u": _x(2, 2, 3, 2)}
+    _check([helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction=reduction)], feeds)
+
+
+def test_scatter_nd_full_index_int64_data():
+    x = np.arange(24, dtype=np.int64).reshape(2, 3, 4)
+    feeds = {"x": x, "u": np.array([-1, -2, -3], np.int64)}
+    _check([helper.make_node("ScatterND", ["x", "i", "u"], ["y"])], feeds,
+           [_c("i", [[0, 1, 2], [1, -1, 0], [1, 0, 3]])], out_type=TensorProto.INT64)
+
+
+def test_scatter_constant_index_out_of_range_is_refused():
+    m = _model([helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0)],
+               {"x": _x(2, 3), "u": _x(1, 3)}, [_c("i", [[0, 2, 0]])])
+    with pytest.raises(ModelcError, match="out of range"):
+        modelc.compile(m)
