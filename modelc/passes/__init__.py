@@ -10,6 +10,7 @@ from .einsum import lower_einsum
 from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
 from .fuse import fuse
+from .norms import lower_norms
 from .patterns import recognise_patterns
 from .simplify import simplify
 
@@ -22,6 +23,7 @@ PIPELINE = [
     canonicalize,
     fold_batchnorm,
     recognise_patterns,
+    lower_norms,
     to_dense,
     eliminate_common_subexpressions,
     eliminate_dead_code,
