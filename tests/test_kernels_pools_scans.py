@@ -1,0 +1,148 @@
+"""Generated kernels (no numpy fallback) for the pool forms and the scans/selections that used to
+fall back: N-d MaxPool/AveragePool/LpPool (1-d, 3-d, dilations, ceil_mode, count_include_pad,
+auto_pad, large pads, uint8/int8, the Indices output with storage_order), CumSum, Hardmax, TopK and
+ReduceLogSumExp. Each is a tiny ONNX model compiled with `modelc.compile` and checked against
+onnxruntime (relative to the output scale; NaN/inf positions exactly)."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import modelc
+
+TYPES = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE, np.uint8: TensorProto.UINT8,
+         np.int8: TensorProto.INT8, np.int32: TensorProto.INT32, np.int64: TensorProto.INT64}
+
+
+def _model(op, x, attrs, n_out=1, consts=(), opset=19, out_types=None):
+    """A one-node model: input x, constant extra inputs `consts`, `n_out` outputs."""
+    inits = [numpy_helper.from_array(np.asarray(c), f"c{k}") for k, c in enumerate(consts)]
+    node = helper.make_node(op, ["x"] + [f"c{k}" for k in range(len(consts))],
+                            [f"y{k}" for k in range(n_out)], **attrs)
+    out_types = out_types or [TYPES[x.dtype.type]] * n_out
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TYPES[x.dtype.type], x.shape)],
+                              [helper.make_tensor_value_info(f"y{k}", t, None) for k, t in enumerate(out_types)],
+                              initializer=inits)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 9
+    return m
+
+
+def check(model, x, tol=1e-6):
+    mod = modelc.compile(model.SerializeToString())
+    assert not mod.fallbacks, mod.fallbacks
+    got = mod.run({"x": x})
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": x})
+    for k, w in enumerate(want):
+        g = got[f"y{k}"]
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        if w.dtype.kind != "f":
+            np.testing.assert_array_equal(g, w)
+            continue
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        fin = np.isfinite(w)
+        np.testing.assert_array_equal(g[~fin & ~np.isnan(w)], w[~fin & ~np.isnan(w)])
+        scale = max(float(np.abs(w[fin]).max()) if fin.any() else 1.0, 1e-30)
+        assert np.abs(g[fin] - w[fin]).max(initial=0) <= tol * scale
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:onnx.checker rejects")
+rng = np.random.default_rng(0)
+
+
+def randn(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+POOLS = [
+    ("MaxPool", (1, 3, 11), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+    ("MaxPool", (1, 2, 5, 6, 7), dict(kernel_shape=[2, 3, 2], dilations=[2, 1, 2], ceil_mode=1)),
+    ("MaxPool", (2, 3, 7, 7), dict(kernel_shape=[3, 3], auto_pad="SAME_LOWER", strides=[2, 2])),
+    ("MaxPool", (1, 2, 6, 6), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1])),   # pads = window: Pool2d refuses
+    ("AveragePool", (1, 3, 9), dict(kernel_shape=[4], strides=[2], pads=[2, 1], count_include_pad=1)),
+    ("AveragePool", (1, 2, 6, 5, 7), dict(kernel_shape=[3, 2, 3], strides=[2, 2, 2], pads=[1, 0, 1, 1, 1, 0],
+                                          ceil_mode=1, count_include_pad=1)),
+    ("AveragePool", (1, 2, 6, 5, 7), dict(kernel_shape=[3, 2, 3], dilations=[2, 2, 1], ceil_mode=1)),
+    ("AveragePool", (1, 2, 8, 8), dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER")),
+    ("LpPool", (1, 3, 12), dict(kernel_shape=[3], strides=[2], p=2)),
+    ("LpPool", (1, 2, 7, 8), dict(kernel_shape=[3, 2], pads=[1, 0, 1, 1], dilations=[2, 1], p=3)),
+    ("LpPool", (1, 2, 4, 5, 6), dict(kernel_shape=[2, 2, 2], auto_pad="SAME_UPPER", p=1)),
+]
+
+
+@pytest.mark.parametrize("op,shape,attrs", POOLS, ids=[f"{p[0]}-{len(p[1]) - 2}d-{k}" for k, p in enumerate(POOLS)])
+def test_pool_forms(op, shape, attrs):
+    x = randn(*shape)
+    opset = 18 if op == "LpPool" else 19
+    check(_model(op, x, attrs, opset=opset), x)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_maxpool_int(dtype):
+    x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (1, 2, 6, 7)).astype(dtype)
+    check(_model("MaxPool", x, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 1])), x)
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+def test_maxpool_indices(storage_order):
+    x = randn(2, 3, 6, 7)
+    x[0, 0, :2, :2] = 1.0              # ties: the first tap (row-major) wins
+    m = _model("MaxPool", x, dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1],
+                                  storage_order=storage_order),
+               n_out=2, out_types=[TensorProto.FLOAT, TensorProto.INT64])
+    check(m, x)
+
+
+def test_pool_float64_and_inf():
+    x = randn(1, 2, 9, dtype=np.float64)
+    x[0, 0, 3] = np.inf
+    x[0, 1, :] = -np.inf
+    check(_model("MaxPool", x, dict(kernel_shape=[2], strides=[2], ceil_mode=1)), x)
+    x32 = x.astype(np.float32)                          # onnxruntime has no float64 AveragePool
+    check(_model("AveragePool", x32, dict(kernel_shape=[3], pads=[1, 1])), x32)
+
+
+@pytest.mark.parametrize("shape,axis,exclusive,reverse", [
+    ((7,), 0, 0, 0), ((7,), 0, 1, 1), ((3, 5, 4), 1, 1, 0), ((3, 5, 4), -1, 0, 1), ((4, 6), 0, 1, 1)])
+def test_cumsum(shape, axis, exclusive, reverse):
+    x = randn(*shape)
+    check(_model("CumSum", x, dict(exclusive=exclusive, reverse=reverse), consts=[np.int64(axis)]), x)
+
+
+def test_cumsum_int():
+    x = rng.integers(-50, 50, (3, 8)).astype(np.int32)
+    check(_model("CumSum", x, dict(exclusive=1), consts=[np.int32(1)]), x)
+
+
+@pytest.mark.parametrize("shape,axis", [((4, 6), -1), ((3, 4, 5), 1), ((3, 4, 5), 0)])
+def test_hardmax(shape, axis):
+    x = rng.integers(0, 3, shape).astype(np.float32)        # many ties: the first index wins
+    check(_model("Hardmax", x, dict(axis=axis)), x)
+
+
+@pytest.mark.parametrize("shape,k,axis,largest", [
+    ((3, 10), 3, -1, 1), ((3, 10), 4, 1, 0), ((4, 7, 3), 2, 1, 1), ((4, 7, 3), 7, 1, 0), ((5, 4), 1, 0, 1)])
+def test_topk(shape, k, axis, largest):
+    x = rng.integers(0, 4, shape).astype(np.float32)        # ties: the lower index first
+    m = _model("TopK", x, dict(axis=axis, largest=largest), n_out=2, consts=[np.array([k], np.int64)],
+               out_types=[TensorProto.FLOAT, TensorProto.INT64])
+    check(m, x)
+
+
+def test_topk_int():
+    x = rng.integers(-9, 9, (2, 12)).astype(np.int32)
+    m = _model("TopK", x, dict(), n_out=2, consts=[np.array([5], np.int64)],
+               out_types=[TensorProto.INT32, TensorProto.INT64])
+    check(m, x)
+
+
+@pytest.mark.parametrize("shape,axes,keepdims", [
+    ((3, 4, 5), [1], 1), ((3, 4, 5), [0, 2], 0), ((3, 4, 5), None, 1), ((3, 4, 5), [-1], 0)])
+def test_reduce_logsumexp(shape, axes, keepdims):
+    x = (randn(*shape) * 20).astype(np.float32)              # large values: exp would overflow
+    x[0, 0, :] = -np.inf                                     # an all -inf row
+    x[1, 1, 1] = np.inf
+    consts = [] if axes is None else [np.array(axes, np.int64)]
+    check(_model("ReduceLogSumExp", x, dict(keepdims=keepdims), consts=consts), x)
