@@ -227,11 +227,12 @@ def test_concat_of_conv_branches_feeding_a_conv(branch_channels):
 def test_compile_and_info_say_which_groups_fall_back_and_why(tmp_path, capsys):
     from modelc.cli import main
     F = TensorProto.FLOAT
-    k = numpy_helper.from_array(np.array([2], np.int64), "k")
-    nodes = [helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=-1)]     # no template (yet)
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 5])],
-                          [helper.make_tensor_value_info("y", F, [2, 2]),
-                           helper.make_tensor_value_info("i", TensorProto.INT64, [2, 2])], [k])
+    # TopK's template takes k up to select.MAX_K: a larger k still runs the numpy reference
+    k = numpy_helper.from_array(np.array([300], np.int64), "k")
+    nodes = [helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=-1)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2, 400])],
+                          [helper.make_tensor_value_info("y", F, [2, 300]),
+                           helper.make_tensor_value_info("i", TensorProto.INT64, [2, 300])], [k])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 8
     path = str(tmp_path / "m.onnx")
