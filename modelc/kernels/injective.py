@@ -35,24 +35,30 @@ def resize_taps(op, in_shape, params) -> list | None:
     at = op.attrs
     mode = at.get("mode", "nearest")
     ctm = at.get("coordinate_transformation_mode", "half_pixel")
-    if ctm == "tf_crop_and_resize" or mode not in ("nearest", "linear", "cubic"):
+    if mode not in ("nearest", "linear", "cubic"):
         return None
     a = op.args
-    scales = params[a[2]] if len(a) > 2 and a[2] else None
-    sizes = params[a[3]] if len(a) > 3 and a[3] else None
+    scales = params.get(a[2]) if len(a) > 2 and a[2] else None
+    sizes = params.get(a[3]) if len(a) > 3 and a[3] else None
     if (len(a) > 2 and a[2] and scales is None) or (len(a) > 3 and a[3] and sizes is None):
         return None
+    roi = None
+    if ctm == "tf_crop_and_resize":    # only it reads the roi: a constant one is a parameter
+        roi = params.get(a[1]) if len(a) > 1 and a[1] else None
+        if len(a) > 1 and a[1] and roi is None:
+            return None
     out, terms = [], 1
-    for axis, scale, n_out, _ in _resize_plan(in_shape, None, scales, sizes, at.get("axes"),
+    for axis, scale, n_out, r in _resize_plan(in_shape, roi, scales, sizes, at.get("axes"),
                                               at.get("keep_aspect_ratio_policy", "stretch")):
         n_in = in_shape[axis]
-        if math.isclose(scale, 1.0) and n_out == n_in:
+        trivial_roi = r is None or (math.isclose(r[0], 0.0) and math.isclose(r[1], 1.0))
+        if math.isclose(scale, 1.0) and n_out == n_in and trivial_roi:
             continue                       # the identity along this axis, as in the reference
-        x, _ = _source_coords(ctm, np.arange(n_out, dtype=np.float64), scale, n_in, n_out, None)
+        x, outside = _source_coords(ctm, np.arange(n_out, dtype=np.float64), scale, n_in, n_out, r)
         idx, w = _taps(x, n_in, scale, mode, at.get("nearest_mode", "round_prefer_floor"),
                        at.get("cubic_coeff_a", -0.75), at.get("antialias", 0), at.get("exclude_outside", 0))
         terms *= idx.shape[1]
-        out.append((axis, idx, w))
+        out.append((axis, idx, w, outside if outside is not None and outside.any() else None))
     return out if terms <= MAX_RESIZE_TERMS else None
 
 
@@ -216,12 +222,17 @@ class _Gen:
             begin = [0] * r
             for j, ax in enumerate(axes):
                 begin[ax % r] = pads[j]
-            cval = wl.params[a[2]].reshape(()) if len(a) > 2 and a[2] else np.zeros((), dtype)
+            if len(a) > 2 and a[2] and not a[2].startswith("p"):    # a run-time pad value
+                cval = self.value(a[2], ["0"] * len(self.shape(a[2])), lines, ind, memo) \
+                    if self.wl.spec(a[2]).size else lit(0, dtype)
+            else:
+                cval = lit(wl.params[a[2]].reshape(()) if len(a) > 2 and a[2] and wl.params[a[2]].size
+                           else np.zeros((), dtype), dtype)
             sub = [f"{i} - {b}" if b else str(i) for i, b in zip(idx, begin)]
             conds = [f"0 <= {s} < {d}" for s, d, b, e in zip(sub, in_shape, begin, out_shape)
                      if b or e != in_shape[sub.index(s)] + b]
             name = self.fresh()
-            lines.append(f"{ind}{name} = {lit(cval, dtype)}")
+            lines.append(f"{ind}{name} = {cval}")
             lines.append(f"{ind}if {' and '.join(conds) if conds else 'True'}:")
             body = []
             v = self.value(x, sub, body, ind + "    ", {})
@@ -355,7 +366,12 @@ class _Gen:
         if plan is None:
             raise ModelcError("this Resize has no injective kernel")
         combos = [([], "")]
-        for axis, tap_idx, w in plan:
+        outside = []                  # tf_crop_and_resize: outputs whose source lies outside
+        for axis, tap_idx, w, out_mask in plan:
+            if out_mask is not None:
+                tm = f"rz{op.index}_{axis}_o"
+                self.tables[tm] = out_mask.astype(np.uint8)
+                outside.append(f"{tm}[np.uintp({idx[axis]})]")
             ntaps = tap_idx.shape[1]
             ti = f"rz{op.index}_{axis}_i"
             self.tables[ti] = tap_idx.astype(np.int64).reshape(-1)
@@ -369,15 +385,22 @@ class _Gen:
                     wt = weight if w is None else (f"{weight} * {tw}[{pos}]" if weight else f"{tw}[{pos}]")
                     grown.append((subs + [(axis, f"{ti}[{pos}]")], wt))
             combos = grown
+        name = self.fresh()
+        body, bind = lines, ind
+        if outside:                   # the extrapolation value there, as the reference's mask
+            lines.append(f"{ind}{name} = {lit(op.attrs.get('extrapolation_value', 0.0), dtype)}")
+            lines.append(f"{ind}if {' == 0 and '.join(outside)} == 0:")
+            body, bind, memo = [], ind + "    ", {}
         terms = []
         for subs, weight in combos:
             sub = list(idx)
             for axis, e in subs:
                 sub[axis] = e
-            v = self.value(x, sub, lines, ind, memo)
+            v = self.value(x, sub, body, bind, memo)
             terms.append(f"{weight} * {v}" if weight else v)
-        name = self.fresh()
-        lines.append(f"{ind}{name} = {' + '.join(terms)}")
+        if outside:
+            lines.extend(body)
+        lines.append(f"{bind}{name} = {' + '.join(terms)}")
         return name
 
     def _batchnorm(self, op, idx, dtype, lines, ind, memo):
@@ -424,8 +447,8 @@ class Injective(Template):
                 return False                    # nothing to reflect or repeat: the reference says why
             if op.op in ("DepthToSpace", "SpaceToDepth") and len(wl.spec(op.args[0]).shape) != 4:
                 return False
-            if op.op in ("Slice", "Pad", "Split") and any(
-                    x.startswith("i") for x in op.args[1:] if x):
+            if op.op in ("Slice", "Pad", "Split") and any(     # Pad's value may be an input
+                    x.startswith("i") for j, x in enumerate(op.args[1:], 1) if x and (op.op, j) != ("Pad", 2)):
                 return False
             if op.op == "Resize" and (resize_taps(op, wl.spec(op.args[0]).shape, wl.params) is None or (
                     op.attrs.get("mode", "nearest") != "nearest" and wl.spec(op.args[0]).dtype.kind != "f")):

@@ -769,7 +769,9 @@ def _resize_axis(data, axis, scale, n_out, roi, attrs):
     return out
 
 
-@register("Resize", Kind.INJECTIVE, infer=_resize_infer, param_inputs=(2, 3))
+# roi (input 1) does not decide the shape, but a constant one is a kernel parameter (the
+# injective template computes tf_crop_and_resize's taps from it at code generation)
+@register("Resize", Kind.INJECTIVE, infer=_resize_infer, param_inputs=(1, 2, 3))
 def resize(x, roi=None, scales=None, sizes=None, *, antialias=0, axes=None,
            coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
            extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
