@@ -4,7 +4,6 @@ auto_pad, large pads, uint8/int8, the Indices output with storage_order), CumSum
 ReduceLogSumExp. Each is a tiny ONNX model compiled with `modelc.compile` and checked against
 onnxruntime (relative to the output scale; NaN/inf positions exactly)."""
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -57,18 +56,18 @@ def randn(*shape, dtype=np.float32):
 
 
 POOLS = [
-    ("MaxPool", (1, 3, 11), dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
-    ("MaxPool", (1, 2, 5, 6, 7), dict(kernel_shape=[2, 3, 2], dilations=[2, 1, 2], ceil_mode=1)),
-    ("MaxPool", (2, 3, 7, 7), dict(kernel_shape=[3, 3], auto_pad="SAME_LOWER", strides=[2, 2])),
-    ("MaxPool", (1, 2, 6, 6), dict(kernel_shape=[2, 2], pads=[1, 1, 1, 1])),   # pads = window: Pool2d refuses
-    ("AveragePool", (1, 3, 9), dict(kernel_shape=[4], strides=[2], pads=[2, 1], count_include_pad=1)),
-    ("AveragePool", (1, 2, 6, 5, 7), dict(kernel_shape=[3, 2, 3], strides=[2, 2, 2], pads=[1, 0, 1, 1, 1, 0],
-                                          ceil_mode=1, count_include_pad=1)),
-    ("AveragePool", (1, 2, 6, 5, 7), dict(kernel_shape=[3, 2, 3], dilations=[2, 2, 1], ceil_mode=1)),
-    ("AveragePool", (1, 2, 8, 8), dict(kernel_shape=[3, 3], auto_pad="SAME_UPPER")),
-    ("LpPool", (1, 3, 12), dict(kernel_shape=[3], strides=[2], p=2)),
-    ("LpPool", (1, 2, 7, 8), dict(kernel_shape=[3, 2], pads=[1, 0, 1, 1], dilations=[2, 1], p=3)),
-    ("LpPool", (1, 2, 4, 5, 6), dict(kernel_shape=[2, 2, 2], auto_pad="SAME_UPPER", p=1)),
+    ("MaxPool", (1, 3, 11), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ("MaxPool", (1, 2, 5, 6, 7), {"kernel_shape": [2, 3, 2], "dilations": [2, 1, 2], "ceil_mode": 1}),
+    ("MaxPool", (2, 3, 7, 7), {"kernel_shape": [3, 3], "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
+    ("MaxPool", (1, 2, 6, 6), {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1]}),   # pads = window: Pool2d refuses
+    ("AveragePool", (1, 3, 9), {"kernel_shape": [4], "strides": [2], "pads": [2, 1], "count_include_pad": 1}),
+    ("AveragePool", (1, 2, 6, 5, 7), {"kernel_shape": [3, 2, 3], "strides": [2, 2, 2], "pads": [1, 0, 1, 1, 1, 0],
+                                          "ceil_mode": 1, "count_include_pad": 1}),
+    ("AveragePool", (1, 2, 6, 5, 7), {"kernel_shape": [3, 2, 3], "dilations": [2, 2, 1], "ceil_mode": 1}),
+    ("AveragePool", (1, 2, 8, 8), {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER"}),
+    ("LpPool", (1, 3, 12), {"kernel_shape": [3], "strides": [2], "p": 2}),
+    ("LpPool", (1, 2, 7, 8), {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "dilations": [2, 1], "p": 3}),
+    ("LpPool", (1, 2, 4, 5, 6), {"kernel_shape": [2, 2, 2], "auto_pad": "SAME_UPPER", "p": 1}),
 ]
 
 
@@ -82,15 +81,15 @@ def test_pool_forms(op, shape, attrs):
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
 def test_maxpool_int(dtype):
     x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (1, 2, 6, 7)).astype(dtype)
-    check(_model("MaxPool", x, dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 1])), x)
+    check(_model("MaxPool", x, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 1]}), x)
 
 
 @pytest.mark.parametrize("storage_order", [0, 1])
 def test_maxpool_indices(storage_order):
     x = randn(2, 3, 6, 7)
     x[0, 0, :2, :2] = 1.0              # ties: the first tap (row-major) wins
-    m = _model("MaxPool", x, dict(kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1],
-                                  storage_order=storage_order),
+    m = _model("MaxPool", x, {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 1],
+                                  "storage_order": storage_order},
                n_out=2, out_types=[TensorProto.FLOAT, TensorProto.INT64])
     check(m, x)
 
@@ -99,41 +98,41 @@ def test_pool_float64_and_inf():
     x = randn(1, 2, 9, dtype=np.float64)
     x[0, 0, 3] = np.inf
     x[0, 1, :] = -np.inf
-    check(_model("MaxPool", x, dict(kernel_shape=[2], strides=[2], ceil_mode=1)), x)
+    check(_model("MaxPool", x, {"kernel_shape": [2], "strides": [2], "ceil_mode": 1}), x)
     x32 = x.astype(np.float32)                          # onnxruntime has no float64 AveragePool
-    check(_model("AveragePool", x32, dict(kernel_shape=[3], pads=[1, 1])), x32)
+    check(_model("AveragePool", x32, {"kernel_shape": [3], "pads": [1, 1]}), x32)
 
 
 @pytest.mark.parametrize("shape,axis,exclusive,reverse", [
     ((7,), 0, 0, 0), ((7,), 0, 1, 1), ((3, 5, 4), 1, 1, 0), ((3, 5, 4), -1, 0, 1), ((4, 6), 0, 1, 1)])
 def test_cumsum(shape, axis, exclusive, reverse):
     x = randn(*shape)
-    check(_model("CumSum", x, dict(exclusive=exclusive, reverse=reverse), consts=[np.int64(axis)]), x)
+    check(_model("CumSum", x, {"exclusive": exclusive, "reverse": reverse}, consts=[np.int64(axis)]), x)
 
 
 def test_cumsum_int():
     x = rng.integers(-50, 50, (3, 8)).astype(np.int32)
-    check(_model("CumSum", x, dict(exclusive=1), consts=[np.int32(1)]), x)
+    check(_model("CumSum", x, {"exclusive": 1}, consts=[np.int32(1)]), x)
 
 
 @pytest.mark.parametrize("shape,axis", [((4, 6), -1), ((3, 4, 5), 1), ((3, 4, 5), 0)])
 def test_hardmax(shape, axis):
     x = rng.integers(0, 3, shape).astype(np.float32)        # many ties: the first index wins
-    check(_model("Hardmax", x, dict(axis=axis)), x)
+    check(_model("Hardmax", x, {"axis": axis}), x)
 
 
 @pytest.mark.parametrize("shape,k,axis,largest", [
     ((3, 10), 3, -1, 1), ((3, 10), 4, 1, 0), ((4, 7, 3), 2, 1, 1), ((4, 7, 3), 7, 1, 0), ((5, 4), 1, 0, 1)])
 def test_topk(shape, k, axis, largest):
     x = rng.integers(0, 4, shape).astype(np.float32)        # ties: the lower index first
-    m = _model("TopK", x, dict(axis=axis, largest=largest), n_out=2, consts=[np.array([k], np.int64)],
+    m = _model("TopK", x, {"axis": axis, "largest": largest}, n_out=2, consts=[np.array([k], np.int64)],
                out_types=[TensorProto.FLOAT, TensorProto.INT64])
     check(m, x)
 
 
 def test_topk_int():
     x = rng.integers(-9, 9, (2, 12)).astype(np.int32)
-    m = _model("TopK", x, dict(), n_out=2, consts=[np.array([5], np.int64)],
+    m = _model("TopK", x, {}, n_out=2, consts=[np.array([5], np.int64)],
                out_types=[TensorProto.INT32, TensorProto.INT64])
     check(m, x)
 
@@ -145,4 +144,43 @@ def test_reduce_logsumexp(shape, axes, keepdims):
     x[0, 0, :] = -np.inf                                     # an all -inf row
     x[1, 1, 1] = np.inf
     consts = [] if axes is None else [np.array(axes, np.int64)]
-    check(_model("ReduceLogSumExp", x, dict(keepdims=keepdims), consts=consts), x)
+    check(_model("ReduceLogSumExp", x, {"keepdims": keepdims}, consts=consts), x)
+
+
+# ---- every template with a few configs of its space, against the reference executor ---------
+
+def _wl(op, shape, attrs, params=(), outputs=None, dtype="float32"):
+    from modelc.kernels.workload import Workload
+    ps = {f"p{k}": {"dtype": np.asarray(v).dtype.name, "shape": list(np.shape(v)),
+                    "value": np.asarray(v).tolist()} for k, v in enumerate(params)}
+    wl = {"version": 1, "inputs": [{"shape": list(shape), "dtype": dtype, "const": False}],
+          "ops": [{"op": op, "attrs": attrs, "args": ["i0"] + list(ps)}], "params": ps, "outputs": []}
+    g = Workload({**wl, "outputs": [{"shape": [1], "dtype": dtype, "value": v} for v in (outputs or ["v0"])]})
+    specs = g._value_specs()
+    wl["outputs"] = [{"shape": list(specs[v].shape), "dtype": specs[v].dtype.name, "value": v}
+                     for v in (outputs or ["v0"])]
+    return Workload(wl)
+
+
+CONFIG_CASES = [
+    ("pool_nd", ("MaxPool", (2, 3, 5, 6, 4), {"kernel_shape": [2, 3, 2], "pads": [1, 1, 0, 0, 1, 1]},
+                 (), ["v0.0", "v0.1"])),
+    ("pool_nd", ("AveragePool", (2, 3, 9), {"kernel_shape": [3], "strides": [2], "ceil_mode": 1}, (), None)),
+    ("pool_nd", ("LpPool", (2, 3, 9), {"kernel_shape": [3], "p": 3}, (), None)),
+    ("cumsum", ("CumSum", (3, 7, 5), {"reverse": 1}, (np.int64(1),), None)),
+    ("hardmax", ("Hardmax", (3, 7, 5), {"axis": 1}, (), None)),
+    ("topk", ("TopK", (3, 9, 5), {"axis": 1, "largest": 0}, (np.array([4], np.int64),), ["v0.0", "v0.1"])),
+    ("logsumexp", ("ReduceLogSumExp", (3, 7, 5), {"keepdims": 0}, (np.array([0, 2], np.int64),), None)),
+]
+
+
+@pytest.mark.parametrize("name,case", CONFIG_CASES, ids=[f"{c[0]}-{c[1][0]}-{k}" for k, c in enumerate(CONFIG_CASES)])
+def test_configs_against_reference(name, case):
+    from modelc.kernels import template, templates, testing  # noqa: F401  (registers templates)
+    wl = _wl(*case)
+    t = template.get(name)
+    assert t.matches(wl) and template.select(wl) is t
+    space = t.space(wl)
+    for i in sorted({0, len(space) // 2, len(space) - 1}):
+        got, want, _, _ = testing.run(wl, t, space.get(i))
+        assert testing.max_rel_error(got, want) <= 1e-6, space.get(i)

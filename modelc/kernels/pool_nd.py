@@ -76,7 +76,7 @@ class PoolNd(Template):
         if a.op == "LpPool" and int(a.attrs.get("p", 2)) < 1:
             return False
         try:
-            shape, geo = _geo(wl)
+            _shape, geo = _geo(wl)
         except (ValueError, TypeError):
             return False
         return x.size > 0 and all(o > 0 for o in geo.out)
@@ -87,7 +87,7 @@ class PoolNd(Template):
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
-        shape, geo = _geo(wl)
+        _shape, geo = _geo(wl)
         work = wl.outputs[0].size * math.prod(geo.kernel)
         return space.from_values(default_rows(wl.outputs[0].size // 64 or 1, work,
                                               knob_values(space, "rows_per_task")))

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from .pool import chain_ok
 from .reduce import axis_index, default_rows, define_rows, finish, knob_values, store
 from .space import ConfigSpace
@@ -70,19 +68,19 @@ class CumSum(Template):
         return x.size > 0 and chain_ok(wl)
 
     def space(self, wl: Workload) -> ConfigSpace:
-        ax, outer, L, inner = _geometry(wl)
+        _ax, outer, _L, inner = _geometry(wl)
         sp = ConfigSpace()
         define_rows(sp, outer * inner)
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
-        ax, outer, L, inner = _geometry(wl)
+        _ax, outer, L, inner = _geometry(wl)
         return space.from_values(default_rows(outer * inner, outer * L * inner,
                                               knob_values(space, "rows_per_task")))
 
     def build(self, wl: Workload, cfg) -> Kernel:
         a = wl.anchor
-        ax, outer, L, inner = _geometry(wl)
+        _ax, outer, L, inner = _geometry(wl)
         x = wl.spec(a.args[0])
         x_arg = int(a.args[0][1:])
         X = f"in{x_arg}"

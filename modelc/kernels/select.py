@@ -11,8 +11,6 @@ MAX_K, so the work per column is O(L k) with no allocation.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .arg_reduce import arg_better
 from .expr import ctor
 from .pool import chain_ok
@@ -30,13 +28,13 @@ class _Columns(Template):
         raise NotImplementedError
 
     def space(self, wl: Workload) -> ConfigSpace:
-        ax, outer, L, inner = self._geometry(wl)
+        _ax, outer, _L, inner = self._geometry(wl)
         sp = ConfigSpace()
         define_rows(sp, outer * inner)
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
-        ax, outer, L, inner = self._geometry(wl)
+        _ax, outer, L, inner = self._geometry(wl)
         return space.from_values(default_rows(outer * inner, outer * L * inner,
                                               knob_values(space, "rows_per_task")))
 
@@ -60,7 +58,7 @@ class Hardmax(_Columns):
 
     def build(self, wl: Workload, cfg) -> Kernel:
         a = wl.anchor
-        ax, outer, L, inner = self._geometry(wl)
+        _ax, outer, L, inner = self._geometry(wl)
         dt = wl.spec(a.args[0]).dtype
         x_arg = int(a.args[0][1:])
         X = f"in{x_arg}"
@@ -109,12 +107,12 @@ class TopK(_Columns):
             return False
         if k is None or _topk_outputs(wl) is None or x.size == 0:
             return False
-        ax, outer, L, inner = self._geometry(wl)
+        _ax, _outer, L, _inner = self._geometry(wl)
         return 1 <= k <= min(L, MAX_K)
 
     def build(self, wl: Workload, cfg) -> Kernel:
         a = wl.anchor
-        ax, outer, L, inner = self._geometry(wl)
+        _ax, outer, L, inner = self._geometry(wl)
         dt = wl.spec(a.args[0]).dtype
         K = const_int(wl, a.args[1])
         largest = bool(int(a.attrs.get("largest", 1)))
