@@ -137,7 +137,10 @@ def fuse(graph: Graph) -> Graph:
         if node.name in done or node.subgraph is not None:
             continue
         k = _kind(node)
-        if k == Kind.OUT_ELEMWISE_FUSABLE and len([o for o in node.outputs if o]) == 1:
+        if (k == Kind.OUT_ELEMWISE_FUSABLE or node.op_type == "LayerNormalization") and \
+                len([o for o in node.outputs if o]) == 1:
+            # a layer norm's epilogue: the per-channel scale and bias of an instance or group
+            # norm lowered onto it (passes/norms.py), an activation or residual add after it
             t = graph.tensors[node.outputs[0]]
             group = _grow(graph, [node], _anchor_allow(graph, t.shape, t.dtype), done)
         elif k <= Kind.REDUCTION:
