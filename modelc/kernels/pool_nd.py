@@ -51,6 +51,16 @@ def _outputs_mode(wl: Workload):
     return pos if len(set(pos)) == len(pos) else None
 
 
+def _windows_touch_input(geo, spatial) -> bool:
+    """Every window holds at least one input element (on each axis, some tap inside)."""
+    for d, n in enumerate(spatial):
+        for o in range(geo.out[d]):
+            s = o * geo.strides[d] - geo.begin[d]
+            if not any(0 <= s + k * geo.dilations[d] < n for k in range(geo.kernel[d])):
+                return False
+    return True
+
+
 @register
 class PoolNd(Template):
     name = "pool_nd"
@@ -79,6 +89,8 @@ class PoolNd(Template):
             _shape, geo = _geo(wl)
         except (ValueError, TypeError):
             return False
+        if mode != "chain" and 1 in mode and not _windows_touch_input(geo, x.shape[2:]):
+            return False          # a window all in padding: its index would be a padding position
         return x.size > 0 and all(o > 0 for o in geo.out)
 
     def space(self, wl: Workload) -> ConfigSpace:
