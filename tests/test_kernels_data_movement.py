@@ -174,3 +174,20 @@ def test_resize_tf_crop_and_resize_constant_roi(mode):
     _check([helper.make_node("Resize", ["x", "roi", "", "sz"], ["y"], mode=mode,
                              coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=10.0)],
            {"x": _x(1, 1, 4, 4)}, inits, rtol=1e-6 if mode == "linear" else 0.0)
+
+
+@pytest.mark.parametrize("op,ishape,ushape", [("ScatterElements", (1, 4), (1, 4)),
+                                              ("ScatterElements", (1, 2), (1, 3)),
+                                              ("ScatterND", (2, 1), (2, 2))])
+def test_scatter_shapes_that_do_not_fit_are_refused(op, ishape, ushape):
+    """Mismatched updates would be read (or data written) beyond their buffers: refused at import."""
+    m = _model([helper.make_node(op, ["x", "i", "u"], ["y"])],
+               {"x": _x(2, 3), "i": np.zeros(ishape, np.int64), "u": _x(*ushape)})
+    with pytest.raises(ModelcError, match="updates"):
+        modelc.compile(m)
+
+
+def test_gather_elements_indices_shorter_than_data():
+    x = _x(4, 5)
+    _check([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)],
+           {"x": x, "i": _RNG.integers(-5, 5, (2, 7))})

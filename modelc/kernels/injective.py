@@ -252,7 +252,7 @@ class _Gen:
             axis = op.attrs.get("axis", 0) % len(in_shape)
             iv = self.fresh()
             self._clip(iv, self.value(a[1], list(idx), lines, ind, memo), in_shape[axis], lines, ind)
-            sub = list(idx)
+            sub = ["0" if d == 1 else i for i, d in zip(idx, in_shape)]   # broadcast, as the reference
             sub[axis] = iv
             return self.value(x, sub, lines, ind, memo)
         if op.op == "GatherND":

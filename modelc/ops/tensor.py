@@ -415,13 +415,18 @@ def _gather_elements_infer(x, idx, axis=0):
     a = _axis(axis, len(x.shape))
     if len(idx.shape) != len(x.shape):
         raise ValueError(f"indices rank {len(idx.shape)} differs from data rank {len(x.shape)}")
+    if any(i > d != 1 for j, (i, d) in enumerate(zip(idx.shape, x.shape)) if j != a):
+        raise ValueError(f"indices {list(idx.shape)} exceed data {list(x.shape)} off axis {a}")
     _check_indices(idx, x.shape[a])
     return idx.shape, x.dtype
 
 
 @register("GatherElements", Kind.INJECTIVE, infer=_gather_elements_infer)
 def gather_elements(x, indices, *, axis=0):
+    """Off the axis, indices may be shorter than the data (onnxruntime reads the leading part)."""
     a = _axis(axis, x.ndim)
+    x = x[tuple(slice(None) if j == a or d == 1 else slice(0, i)
+                for j, (i, d) in enumerate(zip(indices.shape, x.shape)))]
     return np.take_along_axis(x, _wrap(indices, x.shape[a]), axis=a)
 
 
@@ -458,12 +463,22 @@ def _scatter(out, key, updates, reduction):
 
 
 def _scatter_elements_infer(x, idx, updates, axis=0, reduction="none"):
-    _check_indices(idx, x.shape[_axis(axis, len(x.shape))])
+    a = _axis(axis, len(x.shape))
+    if tuple(updates.shape) != tuple(idx.shape) or len(idx.shape) != len(x.shape) or any(
+            i > d for j, (i, d) in enumerate(zip(idx.shape, x.shape)) if j != a):
+        raise ValueError(f"indices {list(idx.shape)} and updates {list(updates.shape)} must have one "
+                         f"shape, of data {list(x.shape)}'s rank and within it off axis {a}")
+    _check_indices(idx, x.shape[a])
     return x.shape, x.dtype
 
 
 def _scatter_nd_infer(x, idx, updates, reduction="none"):
-    if idx.value is not None and len(idx.shape) and idx.shape[-1] <= len(x.shape):
+    k = idx.shape[-1] if len(idx.shape) else None
+    if k is None or k > len(x.shape) or \
+            tuple(updates.shape) != tuple(idx.shape[:-1]) + tuple(x.shape[k:]):
+        raise ValueError(f"indices {list(idx.shape)} and updates {list(updates.shape)} do not fit "
+                         f"data {list(x.shape)} (updates must be indices.shape[:-1] + data.shape[k:])")
+    if idx.value is not None:
         v = np.asarray(idx.value)
         if v.dtype.kind not in "iu":
             raise ValueError(f"indices must be integers, got {v.dtype}")
