@@ -191,3 +191,19 @@ def test_gather_elements_indices_shorter_than_data():
     x = _x(4, 5)
     _check([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)],
            {"x": x, "i": _RNG.integers(-5, 5, (2, 7))})
+
+
+@pytest.mark.parametrize("node", [
+    helper.make_node("DepthToSpace", ["c"], ["y"], blocksize=2, mode="CRD"),
+    helper.make_node("SpaceToDepth", ["c"], ["y"], blocksize=2),
+    helper.make_node("Pad", ["c", "p"], ["y"], mode="reflect"),
+    helper.make_node("Trilu", ["c"], ["y"], upper=0),
+    helper.make_node("GatherElements", ["c", "gi"], ["y"], axis=1),
+], ids=lambda n: n.op_type)
+def test_after_channel_blocked_conv(node):
+    """The conv's output is channel-blocked: these kernels read it through its layout."""
+    w = _RNG.standard_normal((16, 3, 3, 3)).astype(np.float32) * 0.3
+    inits = [numpy_helper.from_array(w, "w"), _c("p", [0, 0, 1, 2, 0, 0, 2, 1]),
+             _c("gi", _RNG.integers(-16, 16, (1, 5, 4, 4)))]
+    _check([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node], {"x": _x(1, 3, 4, 4)},
+           inits, rtol=1e-5)
