@@ -3,8 +3,9 @@
 - InstanceNormalization: a LayerNormalization over the spatial axes (axis 2, unit scale: the
   layer-norm template, one kernel reading x twice), then the per-channel scale and bias as a
   broadcast Mul/Add (one injective kernel).
-- GroupNormalization: the same over [N, G, C/G, spatial] (a Reshape on each side, views), with
-  the scale and bias as [G, C/G, 1] in the layer norm's epilogue.
+- GroupNormalization: the same over [N, G, C/G * spatial] (a Reshape on each side; the scale and
+  bias stay a kernel of their own: in the layer norm's epilogue their channel index i // (C/G ...)
+  per element kept its row loop from vectorising, 0.29 ms against 0.07 + 0.10).
 - LayerNormalization whose scale or B is not a constant: the layer norm with unit scale, then the
   scale and B as broadcast Mul/Add. When its Mean or InvStdDev output is used it is spelt out in
   ReduceMean/Sub/Mul/Add/Sqrt/Reciprocal, which the reduce and injective templates compile.
@@ -85,27 +86,15 @@ def _instance_norm(graph: Graph, node: Node):
 
 
 def _group_norm(graph: Graph, node: Node):
-    # over [N, G, C/G, spatial]: the layer norm's axis 2 covers a group, and the per-channel
-    # scale and bias, as [G, C/G, 1], keep its shape (its epilogue); both Reshapes are views
     x, scale, bias = node.inputs[:3]
     shape, dt = graph.tensors[x].shape, _dtype(graph, x)
     groups = int(node.attrs["num_groups"])
     e = _Emitter(graph, node)
-    c = shape[1]
-    gshape = (shape[0], groups, c // groups, math.prod(shape[2:]))
+    gshape = (shape[0], groups, math.prod(shape[1:]) // groups)
     xr = e.op("Reshape", [x, e.const("shape", np.array(gshape, np.int64))], gshape, dt)
     y = _layernorm(e, xr, gshape, dt, 2, node.attrs.get("epsilon", 1e-5))
-    pshape = (groups, c // groups, 1)
-    for op, p in (("Mul", scale), ("Add", bias)):
-        v = graph.value(p)
-        if v is not None:
-            p = e.const(op.lower(), np.asarray(v, dt).reshape(pshape))
-        else:
-            p = e.op("Reshape", [p, e.const("shape", np.array(pshape, np.int64))], pshape, _dtype(graph, p))
-            if _dtype(graph, p) != dt:
-                p = e.op("Cast", [p], pshape, dt, {"to": _ONNX_TYPE[dt.name]})
-        y = e.op(op, [y, p], gshape, dt)
-    e.op("Reshape", [y, e.const("shape", np.array(shape, np.int64))], shape, dt, out=node.outputs[0])
+    y = e.op("Reshape", [y, e.const("shape", np.array(shape, np.int64))], shape, dt)
+    _scale_shift(e, y, shape, dt, scale, bias, node.outputs[0], True)
 
 
 def _used(graph: Graph, name: str) -> bool:
