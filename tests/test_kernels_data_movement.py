@@ -10,7 +10,8 @@ import modelc
 from modelc.errors import ModelcError
 
 _TP = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64,
-       np.dtype(np.int32): TensorProto.INT32, np.dtype(np.bool_): TensorProto.BOOL}
+       np.dtype(np.int32): TensorProto.INT32, np.dtype(np.bool_): TensorProto.BOOL,
+       np.dtype(np.uint8): TensorProto.UINT8}
 _RNG = np.random.default_rng(0)
 
 
@@ -207,3 +208,18 @@ def test_after_channel_blocked_conv(node):
              _c("gi", _RNG.integers(-16, 16, (1, 5, 4, 4)))]
     _check([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node], {"x": _x(1, 3, 4, 4)},
            inits, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_uint8_interpolates_rounds_and_saturates(mode):
+    """Integers interpolate in float64, round half to even and saturate (cubic overshoots 255), as
+    modelc's reference and ONNX's (onnx.reference) do; onnxruntime truncates toward zero instead
+    (and has no uint8 cubic), so the kernel is checked against the reference, which the fallback
+    ran before."""
+    x = np.array([[[[0, 255, 0, 255], [255, 0, 255, 0], [10, 20, 30, 250], [1, 2, 3, 4]]]], np.uint8)
+    m = _model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode=mode)], {"x": x},
+               [_c("s", [1, 1, 1.5, 2], np.float32)], out_type=TensorProto.UINT8)
+    mod = modelc.compile(m)
+    assert not mod.fallbacks
+    want = modelc.reference.run(modelc.from_onnx(m), {"x": x})["y"]
+    np.testing.assert_array_equal(mod.run({"x": x})["y"], want)

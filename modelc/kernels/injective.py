@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import ModelcError
 from .expr import SUPPORTED as ELEMENTWISE
-from .expr import emit, lit
+from .expr import ctor, emit, lit
 from .layout import offset, strides
 from .space import ConfigSpace
 from .template import Kernel, Template, broadcast_index, register, source
@@ -377,7 +377,7 @@ class _Gen:
             self.tables[ti] = tap_idx.astype(np.int64).reshape(-1)
             if w is not None:
                 tw = f"rz{op.index}_{axis}_w"
-                self.tables[tw] = w.astype(dtype).reshape(-1)
+                self.tables[tw] = w.astype(dtype if dtype.kind == "f" else np.float64).reshape(-1)
             grown = []
             for subs, weight in combos:
                 for t in range(ntaps):
@@ -397,10 +397,17 @@ class _Gen:
             for axis, e in subs:
                 sub[axis] = e
             v = self.value(x, sub, body, bind, memo)
+            if weight and dtype.kind != "f":
+                v = f"np.float64({v})"
             terms.append(f"{weight} * {v}" if weight else v)
         if outside:
             lines.extend(body)
-        lines.append(f"{bind}{name} = {' + '.join(terms)}")
+        total = " + ".join(terms)
+        if dtype.kind != "f" and combos[0][1]:
+            # integers interpolate in float64, then round half to even and saturate, as the reference
+            info = np.iinfo(dtype)
+            total = f"{ctor(dtype)}(min(max(np.rint({total}), {float(info.min)!r}), {float(info.max)!r}))"
+        lines.append(f"{bind}{name} = {total}")
         return name
 
     def _batchnorm(self, op, idx, dtype, lines, ind, memo):
@@ -451,7 +458,10 @@ class Injective(Template):
                     x.startswith("i") for j, x in enumerate(op.args[1:], 1) if x and (op.op, j) != ("Pad", 2)):
                 return False
             if op.op == "Resize" and (resize_taps(op, wl.spec(op.args[0]).shape, wl.params) is None or (
-                    op.attrs.get("mode", "nearest") != "nearest" and wl.spec(op.args[0]).dtype.kind != "f")):
+                    op.attrs.get("mode", "nearest") != "nearest" and not (
+                        wl.spec(op.args[0]).dtype.kind == "f" or          # integers: up to 32 bits,
+                        (wl.spec(op.args[0]).dtype.kind in "iu" and      # whose range float64 holds
+                         wl.spec(op.args[0]).dtype.itemsize <= 4)))):
                 return False
         return all(t.dtype.kind in "biuf" for t in wl.outputs)
 
