@@ -44,6 +44,12 @@ def test_instance_norm(shape):
            [("x", shape)], ["y"], [_w("s", (c,), shift=1.0), _w("b", (c,))], shift=3.0)
 
 
+def test_instance_norm_long_rows_offset():
+    """Rows beyond 4096 elements (float32 chunk sums added in float64), far from zero mean."""
+    _check([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"])],
+           [("x", (1, 3, 70, 90))], ["y"], [_w("s", (3,), shift=1.0), _w("b", (3,))], shift=100.0)
+
+
 def test_instance_norm_graph_input_scale():
     _check([helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"])],
            [("x", (2, 3, 6, 5)), ("s", (3,)), ("b", (3,))], ["y"])

@@ -17,8 +17,8 @@ microseconds.
 numba has no vector exp here (no SVML), so float32 softmax uses an inlined Cephes-style exp
 (range reduction by ln 2, degree-6 polynomial, 2^k built from its bits by `f32_from_bits`) that
 vectorises; it is accurate to a few ulp on the softmax range (x - max <= 0, clamped at -87).
-Layer norm accumulates in float32 for rows up to 4096 elements (as the reference does) or float64
-above, in two passes or (knob) one pass of sum and sum of squares in float64; Reduce sums
+Layer norm accumulates in float32 for rows up to 4096 elements (as the reference does); above, float32
+input sums float32 chunks of 4096 into float64 (float64 throughout for float64 input), in two passes or (knob) one pass of sum and sum of squares in float64; Reduce sums
 accumulate in float64 beyond 1024 reduced elements per output.
 """
 from __future__ import annotations
@@ -348,6 +348,29 @@ def _const_arg(wl: Workload, ref: str) -> bool:
     return ref.startswith("p") or (ref.startswith("i") and wl.spec(ref).const)
 
 
+CHUNK = 4096
+
+
+def _chunked_sum(L: int, acc: str, term, ind: str) -> list:
+    """Lines setting the float64 `acc` to the sum of `term(index)` over the row [base, base + L):
+    float32 partial sums over chunks of CHUNK elements (loops LLVM vectorises), added in float64."""
+    n, tail = divmod(L, CHUNK)
+    lines = [f"{ind}{acc} = np.float64(0.0)"]
+    if n:
+        lines += [f"{ind}for c in range({n}):",
+                  f"{ind}    cb = base + c * {CHUNK}",
+                  f"{ind}    pc = np.float32(0.0)",
+                  f"{ind}    for i in range({CHUNK}):",
+                  f"{ind}        pc += {term('np.uintp(cb + i)')}",
+                  f"{ind}    {acc} += np.float64(pc)"]
+    if tail:
+        lines += [f"{ind}pc = np.float32(0.0)",
+                  f"{ind}for i in range({tail}):",
+                  f"{ind}    pc += {term(f'np.uintp(base + {n * CHUNK} + i)')}",
+                  f"{ind}{acc} += np.float64(pc)"]
+    return lines
+
+
 @register
 class LayerNorm(Template):
     name = "layernorm"
@@ -397,6 +420,13 @@ class LayerNorm(Template):
                      f"{ind}    s += xv", f"{ind}    ss += xv * xv",
                      f"{ind}mean = s * {rl}",
                      f"{ind}var = max(ss * {rl} - mean * mean, {zero})"]
+        elif at != dt and np.dtype(dt) == np.float32:
+            # long float32 rows: float32 vector sums over chunks of CHUNK elements, added up in
+            # float64 (as accurate as the float32 path of shorter rows, at float32's vector width)
+            body += _chunked_sum(L, "s", lambda i: f"{X}[{i}]", ind)
+            body += [f"{ind}mean = s * {rl}", f"{ind}mean32 = np.float32(mean)"]
+            body += _chunked_sum(L, "v", lambda i: f"({X}[{i}] - mean32) * ({X}[{i}] - mean32)", ind)
+            body += [f"{ind}var = v * {rl}"]
         else:
             body += row_fold(L, "base", lambda i: cast(f"{X}[{i}]"), lambda p, q: f"{p} + {q}", zero, "s", ind)
             body += [f"{ind}mean = s * {rl}"]
