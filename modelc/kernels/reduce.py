@@ -18,8 +18,9 @@ numba has no vector exp here (no SVML), so float32 softmax uses an inlined Cephe
 (range reduction by ln 2, degree-6 polynomial, 2^k built from its bits by `f32_from_bits`) that
 vectorises; it is accurate to a few ulp on the softmax range (x - max <= 0, clamped at -87).
 Layer norm accumulates in float32 for rows up to 4096 elements (as the reference does); above, float32
-input sums float32 chunks of 4096 into float64 (float64 throughout for float64 input), in two passes or (knob) one pass of sum and sum of squares in float64; Reduce sums
-accumulate in float64 beyond 1024 reduced elements per output.
+input sums float32 chunks of 4096 into float64 (float64 throughout for float64 input), in two passes
+or (knob) one pass of sum and sum of squares in float64; Reduce sums accumulate in float64 beyond
+1024 reduced elements per output.
 """
 from __future__ import annotations
 
