@@ -223,3 +223,23 @@ def test_resize_uint8_interpolates_rounds_and_saturates(mode):
     assert not mod.fallbacks
     want = modelc.reference.run(modelc.from_onnx(m), {"x": x})["y"]
     np.testing.assert_array_equal(mod.run({"x": x})["y"], want)
+
+
+@pytest.mark.parametrize("op,x,i,u", [("GatherElements", (2, 0), (2, 1), None), ("GatherND", (0, 3), (2, 1), None),
+                                      ("ScatterElements", (2, 0), (2, 1), (2, 1)),
+                                      ("ScatterND", (0, 3), (2, 1), (2, 3))])
+def test_indexing_an_empty_axis_is_refused(op, x, i, u):
+    """A clipped index has nowhere to go in an axis of size 0."""
+    feeds = {"x": _x(*x), "i": np.zeros(i, np.int64)} | ({"u": _x(*u)} if u else {})
+    attrs = {"axis": 1} if op.endswith("Elements") else {}
+    m = _model([helper.make_node(op, list(feeds), ["y"], **attrs)], feeds)
+    with pytest.raises(ModelcError, match="size 0"):
+        modelc.compile(m)
+
+
+def test_pad_reflect_of_a_cropped_away_axis_is_not_a_kernel():
+    """Cropped to nothing, then padded: no kernel folds into an empty axis (the reference says why)."""
+    m = _model([helper.make_node("Pad", ["x", "p"], ["y"], mode="edge")], {"x": _x(2, 3)},
+               [_c("p", [0, -3, 0, 1])])
+    with pytest.raises(ModelcError):
+        modelc.compile(m).run({"x": _x(2, 3)})

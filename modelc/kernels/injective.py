@@ -62,6 +62,25 @@ def resize_taps(op, in_shape, params) -> list | None:
     return out if terms <= MAX_RESIZE_TERMS else None
 
 
+def _pad_axes(op, in_shape, params) -> list:
+    """[(crop at the start, crop at the end, pad at the start, pad at the end)] per axis."""
+    a = op.args
+    pads = params[a[1]].tolist()
+    r = len(in_shape)
+    axes = params[a[3]].tolist() if len(a) > 3 and a[3] else list(range(r))
+    begin, end = [0] * r, [0] * r
+    for j, ax in enumerate(axes):
+        begin[ax % r], end[ax % r] = pads[j], pads[len(axes) + j]
+    return [(max(-b, 0), max(-e, 0), max(b, 0), max(e, 0)) for b, e in zip(begin, end)]
+
+
+def _pad_folds(op, wl) -> bool:
+    """Reflect/edge/wrap need something to fold into on every padded axis."""
+    shape = wl.spec(op.args[0]).shape
+    return all(d - lo - hi > 0 or not (pb or pe)
+               for d, (lo, hi, pb, pe) in zip(shape, _pad_axes(op, shape, wl.params)))
+
+
 def _expr(i) -> str:
     """An index as an expression: a blocked channel index (block, lane, size) is re-joined."""
     if isinstance(i, tuple):
@@ -329,19 +348,10 @@ class _Gen:
     def _pad_mode(self, op, x, in_shape, idx, lines, ind, memo):
         """Pad reflect / edge / wrap: negative pads crop first (as the reference does), then each
         padded axis folds its index back into the cropped input."""
-        a = op.args
-        pads = self.wl.params[a[1]].tolist()
-        r = len(in_shape)
-        axes = self.wl.params[a[3]].tolist() if len(a) > 3 and a[3] else list(range(r))
-        begin, end = [0] * r, [0] * r
-        for j, ax in enumerate(axes):
-            begin[ax % r], end[ax % r] = pads[j], pads[len(axes) + j]
         mode = op.attrs["mode"]
         sub = list(idx)
-        for ax in range(r):
-            lo, hi = max(-begin[ax], 0), max(-end[ax], 0)
+        for ax, (lo, hi, pb, pe) in enumerate(_pad_axes(op, in_shape, self.wl.params)):
             n = in_shape[ax] - lo - hi
-            pb, pe = max(begin[ax], 0), max(end[ax], 0)
             if not pb and not pe:
                 if lo:
                     sub[ax] = f"{idx[ax]} + {lo}"
@@ -449,8 +459,8 @@ class Injective(Template):
                 continue
             if op.op not in ELEMENTWISE and op.op not in MOVES:
                 return False
-            if op.op == "Pad" and op.attrs.get("mode", "constant") != "constant" and any(
-                    d == 0 for d in wl.spec(op.args[0]).shape):
+            if op.op == "Pad" and op.attrs.get("mode", "constant") != "constant" and (
+                    any(x.startswith("i") for x in op.args[1:] if x) or not _pad_folds(op, wl)):
                 return False                    # nothing to reflect or repeat: the reference says why
             if op.op in ("DepthToSpace", "SpaceToDepth") and len(wl.spec(op.args[0]).shape) != 4:
                 return False

@@ -417,6 +417,8 @@ def _gather_elements_infer(x, idx, axis=0):
         raise ValueError(f"indices rank {len(idx.shape)} differs from data rank {len(x.shape)}")
     if any(i > d != 1 for j, (i, d) in enumerate(zip(idx.shape, x.shape)) if j != a):
         raise ValueError(f"indices {list(idx.shape)} exceed data {list(x.shape)} off axis {a}")
+    if x.shape[a] == 0 and math.prod(idx.shape) > 0:
+        raise ValueError(f"gathers {math.prod(idx.shape)} indices from axis {a} of size 0")
     _check_indices(idx, x.shape[a])
     return idx.shape, x.dtype
 
@@ -434,6 +436,8 @@ def _gather_nd_shape(dshape, ishape, b):
     k = ishape[-1]
     if dshape[:b] != ishape[:b] or b + k > len(dshape):
         raise ValueError(f"indices {list(ishape)} do not fit data {list(dshape)} with batch_dims {b}")
+    if math.prod(ishape[:-1]) > 0 and 0 in dshape[b:b + k]:
+        raise ValueError(f"indexes axes of size 0 of data {list(dshape)}")
     return tuple(ishape[:-1]) + tuple(dshape[b + k:])
 
 
@@ -468,6 +472,8 @@ def _scatter_elements_infer(x, idx, updates, axis=0, reduction="none"):
             i > d for j, (i, d) in enumerate(zip(idx.shape, x.shape)) if j != a):
         raise ValueError(f"indices {list(idx.shape)} and updates {list(updates.shape)} must have one "
                          f"shape, of data {list(x.shape)}'s rank and within it off axis {a}")
+    if x.shape[a] == 0 and math.prod(idx.shape) > 0:
+        raise ValueError(f"scatters {math.prod(idx.shape)} indices into axis {a} of size 0")
     _check_indices(idx, x.shape[a])
     return x.shape, x.dtype
 
@@ -478,6 +484,8 @@ def _scatter_nd_infer(x, idx, updates, reduction="none"):
             tuple(updates.shape) != tuple(idx.shape[:-1]) + tuple(x.shape[k:]):
         raise ValueError(f"indices {list(idx.shape)} and updates {list(updates.shape)} do not fit "
                          f"data {list(x.shape)} (updates must be indices.shape[:-1] + data.shape[k:])")
+    if math.prod(idx.shape[:-1]) > 0 and 0 in x.shape[:k]:
+        raise ValueError(f"indexes axes of size 0 of data {list(x.shape)}")
     if idx.value is not None:
         v = np.asarray(idx.value)
         if v.dtype.kind not in "iu":
