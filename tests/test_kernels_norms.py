@@ -80,7 +80,8 @@ def test_layer_norm_unused_statistics_constant_scale():
            [("x", (4, 32))], ["z"], [_w("s", (32,)), _w("b", (32,))], opset=17)
 
 
-@pytest.mark.parametrize("p,axis,shape", [(2, -1, (2, 3, 4)), (2, 0, (3, 2)), (1, 1, (2, 5, 3)), (1, 0, (7,))])
+@pytest.mark.parametrize("p,axis,shape",
+                         [(2, -1, (2, 3, 4)), (2, 0, (3, 2)), (1, 1, (2, 5, 3)), (1, 0, (7,))])
 def test_lp_norm(p, axis, shape):
     _check([helper.make_node("LpNormalization", ["x"], ["y"], p=p, axis=axis)], [("x", shape)], ["y"])
 
@@ -92,18 +93,26 @@ def test_lp_norm_zero_row():
            [("x", (2, 3))], ["y"], [init, numpy_helper.from_array(np.zeros((2, 3), np.float32), "zero")])
 
 
-@pytest.mark.parametrize("size", [1, 3, 5])   # onnxruntime takes odd sizes only
-def test_lrn(size):
-    _check([helper.make_node("LRN", ["x"], ["y"], size=size, alpha=2e-3, beta=0.75, bias=1.5)],
+# odd sizes: onnxruntime refuses even ones
+@pytest.mark.parametrize("size,beta", [(1, 0.75), (3, 0.75), (5, 0.75), (5, 0.6), (9, 1.0)])
+def test_lrn(size, beta):
+    _check([helper.make_node("LRN", ["x"], ["y"], size=size, alpha=2e-3, beta=beta, bias=1.5)],
            [("x", (2, 7, 5, 6))], ["y"])
+
+
+def test_lrn_epilogue():
+    """LRN absorbs the elementwise chain after it (a per-channel scale here)."""
+    _check([helper.make_node("LRN", ["x"], ["n"], size=3, alpha=1e-2, beta=0.75, bias=2.0),
+            helper.make_node("Mul", ["n", "s"], ["y"])],
+           [("x", (1, 6, 4, 5))], ["y"], [_w("s", (6, 1, 1), shift=1.0)])
 
 
 def test_conv_instance_norm_relu():
     _check([helper.make_node("Conv", ["x", "w", "cb"], ["c"], pads=[1, 1, 1, 1]),
             helper.make_node("InstanceNormalization", ["c", "s", "b"], ["n"]),
             helper.make_node("Relu", ["n"], ["y"])],
-           [("x", (1, 8, 12, 12))], ["y"], [_w("w", (32, 8, 3, 3)), _w("cb", (32,)), _w("s", (32,), shift=1.0),
-                                            _w("b", (32,))])
+           [("x", (1, 8, 12, 12))], ["y"],
+           [_w("w", (32, 8, 3, 3)), _w("cb", (32,)), _w("s", (32,), shift=1.0), _w("b", (32,))])
 
 
 def test_conv_relu_lrn_pool():

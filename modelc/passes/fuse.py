@@ -137,10 +137,10 @@ def fuse(graph: Graph) -> Graph:
         if node.name in done or node.subgraph is not None:
             continue
         k = _kind(node)
-        if (k == Kind.OUT_ELEMWISE_FUSABLE or node.op_type == "LayerNormalization") and \
+        if (k == Kind.OUT_ELEMWISE_FUSABLE or node.op_type in ("LayerNormalization", "LRN")) and \
                 len([o for o in node.outputs if o]) == 1:
-            # a layer norm's epilogue: the per-channel scale and bias of an instance or group
-            # norm lowered onto it (passes/norms.py), an activation or residual add after it
+            # a layer norm's or LRN's epilogue: the per-channel scale and bias of an instance
+            # norm lowered onto a layer norm (passes/norms.py), an activation or residual add
             t = graph.tensors[node.outputs[0]]
             group = _grow(graph, [node], _anchor_allow(graph, t.shape, t.dtype), done)
         elif k <= Kind.REDUCTION:

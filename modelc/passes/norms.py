@@ -11,10 +11,7 @@
   ReduceMean/Sub/Mul/Add/Sqrt/Reciprocal, which the reduce and injective templates compile.
 - LpNormalization: ReduceL1 or the square root of ReduceSumSquare (the smallest normal number as a
   floor, so an all-zero row gives 0 as ONNX's 0 / 0 -> 0 rule), then x / norm.
-- LRN: x * (bias + alpha/size * window sum of x^2)^-beta; the sum over a window of channels is a
-  1x1 convolution of x^2 with a banded 0/1 weight (C*C multiply-adds per pixel instead of size,
-  but it runs on the convolution kernels, in any layout the layout pass picks, and absorbs the
-  scale, bias, power and product with x as its epilogue).
+LRN has a template of its own (kernels/lrn.py).
 Float types only; float16 stays as it was (its groups run on the reference anyway).
 """
 from __future__ import annotations
@@ -155,31 +152,8 @@ def _lp_norm(graph: Graph, node: Node):
     e.op("Div", [x, norm], shape, dt, out=node.outputs[0])
 
 
-def _lrn(graph: Graph, node: Node):
-    x = node.inputs[0]
-    shape, dt = graph.tensors[x].shape, _dtype(graph, x)
-    size = int(node.attrs["size"])
-    alpha, beta = float(node.attrs.get("alpha", 1e-4)), float(node.attrs.get("beta", 0.75))
-    bias = float(node.attrs.get("bias", 1.0))
-    c = shape[1]
-    lo = (size - 1) // 2
-    band = np.zeros((c, c) + (1,) * (len(shape) - 2), dt)
-    for k in range(c):                      # output channel k sums channels k - lo .. k - lo + size - 1
-        band[k, max(0, k - lo):min(c, k - lo + size)] = 1
-    e = _Emitter(graph, node)
-    sq = e.op("Mul", [x, x], shape, dt)
-    n = len(shape) - 2
-    s = e.op("Conv", [sq, e.const("band", band)], shape, dt,
-             {"kernel_shape": [1] * n, "strides": [1] * n, "dilations": [1] * n, "pads": [0] * (2 * n),
-              "group": 1})
-    s = e.op("Mul", [s, e.const("alpha", np.asarray(alpha / size, dt))], shape, dt)
-    s = e.op("Add", [s, e.const("bias", np.asarray(bias, dt))], shape, dt)
-    s = e.op("Pow", [s, e.const("beta", np.asarray(-beta, dt))], shape, dt)
-    e.op("Mul", [s, x], shape, dt, out=node.outputs[0])
-
-
 _LOWER = {"InstanceNormalization": _instance_norm, "GroupNormalization": _group_norm,
-          "LpNormalization": _lp_norm, "LRN": _lrn}
+          "LpNormalization": _lp_norm}
 
 
 def _layernorm_has_kernel(graph: Graph, node: Node) -> bool:
