@@ -122,3 +122,19 @@ def test_conv_relu_lrn_pool():
             helper.make_node("LRN", ["r"], ["n"], size=5, alpha=1e-4, beta=0.75, bias=1.0),
             helper.make_node("MaxPool", ["n"], ["y"], kernel_shape=[3, 3], strides=[2, 2])],
            [("x", (1, 3, 23, 23))], ["y"], [_w("w", (48, 3, 5, 5), scale=1.0), _w("cb", (48,))])
+
+
+def test_lrn_template_every_config():
+    """Every config of the LRN template's space (rows per task, parallel) against the reference."""
+    from modelc.kernels import template, testing
+    from modelc.kernels.workload import Workload
+    wl = Workload({"version": 1, "inputs": [{"shape": [2, 5, 3, 7], "dtype": "float32", "const": False}],
+                   "ops": [{"op": "LRN", "attrs": {"size": 3, "alpha": 0.01, "beta": 0.75, "bias": 1.0},
+                            "args": ["i0"]}],
+                   "params": {}, "outputs": [{"shape": [2, 5, 3, 7], "dtype": "float32", "value": "v0"}]})
+    t = template.select(wl)
+    assert t.name == "lrn"
+    sp = t.space(wl)
+    for k in range(len(sp)):
+        got, want, _, _ = testing.run(wl, t, sp.get(k))
+        assert testing.max_rel_error(got, want) <= TOL, sp.get(k)
