@@ -14,7 +14,7 @@ from .pool import chain_ok
 from .reduce import (axis_index, column_tasks, default_rows, define_row_or_column, finish, knob_values,
                      store, tasks_loop)
 from .space import ConfigSpace
-from .template import Kernel, Template, register
+from .template import INT_OR_FLOAT, Kernel, Template, plain_anchor_input, register
 from .workload import Workload
 
 
@@ -56,11 +56,7 @@ class ArgReduce(Template):
     name = "arg_reduce"
 
     def matches(self, wl: Workload) -> bool:
-        a = wl.anchor
-        if a.op not in ARGS or not a.args[0].startswith("i"):
-            return False
-        x = wl.spec(a.args[0])
-        if x.layout is not None or x.dtype.kind not in "iuf" or wl.outputs[0].layout is not None:
+        if plain_anchor_input(wl, ARGS, INT_OR_FLOAT) is None:
             return False
         return _arg_geometry(wl)[3] > 0 and chain_ok(wl)
 

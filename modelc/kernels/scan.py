@@ -13,7 +13,7 @@ import math
 from .pool import chain_ok
 from .reduce import axis_index, default_rows, define_rows, finish, knob_values, store
 from .space import ConfigSpace
-from .template import Kernel, Template, register
+from .template import INT_OR_FLOAT, Kernel, Template, plain_anchor_input, register
 from .workload import Workload
 
 
@@ -57,13 +57,11 @@ class CumSum(Template):
 
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
-        if a.op != "CumSum" or len(a.args) < 2 or not a.args[0].startswith("i"):
+        x = plain_anchor_input(wl, ("CumSum",), INT_OR_FLOAT)
+        if x is None or len(a.args) < 2:
             return False
-        x = wl.spec(a.args[0])
         ax = const_int(wl, a.args[1])
-        if ax is None or not -len(x.shape) <= ax < len(x.shape) or x.layout is not None:
-            return False
-        if x.dtype.kind not in "iuf" or wl.outputs[0].layout is not None:
+        if ax is None or not -len(x.shape) <= ax < len(x.shape):
             return False
         return x.size > 0 and chain_ok(wl)
 

@@ -17,7 +17,7 @@ from .pool import chain_ok
 from .reduce import default_rows, define_rows, finish, knob_values, store
 from .scan import column_geometry, column_loop, const_int
 from .space import ConfigSpace
-from .template import Kernel, Template, register, source
+from .template import INT_OR_FLOAT, Kernel, Template, plain_anchor_input, register, source
 from .workload import Workload
 
 MAX_K = 256
@@ -48,13 +48,8 @@ class Hardmax(_Columns):
         return column_geometry(wl.spec(a.args[0]).shape, a.attrs.get("axis", -1))
 
     def matches(self, wl: Workload) -> bool:
-        a = wl.anchor
-        if a.op != "Hardmax" or not a.args[0].startswith("i"):
-            return False
-        x = wl.spec(a.args[0])
-        if x.layout is not None or x.dtype.kind not in "iuf" or wl.outputs[0].layout is not None:
-            return False
-        return x.size > 0 and chain_ok(wl)
+        x = plain_anchor_input(wl, ("Hardmax",), INT_OR_FLOAT)
+        return x is not None and x.size > 0 and chain_ok(wl)
 
     def build(self, wl: Workload, cfg) -> Kernel:
         a = wl.anchor
@@ -99,12 +94,10 @@ class TopK(_Columns):
 
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
-        if a.op != "TopK" or len(a.args) < 2 or not a.args[0].startswith("i"):
+        x = plain_anchor_input(wl, ("TopK",), INT_OR_FLOAT)
+        if x is None or len(a.args) < 2:
             return False
-        x = wl.spec(a.args[0])
         k = const_int(wl, a.args[1])
-        if x.layout is not None or x.dtype.kind not in "iuf" or any(o.layout for o in wl.outputs):
-            return False
         if k is None or _topk_outputs(wl) is None or x.size == 0:
             return False
         _ax, _outer, L, _inner = self._geometry(wl)

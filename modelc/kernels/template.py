@@ -223,6 +223,21 @@ def _value_dtype(wl: Workload, ref: str, default) -> np.dtype:
         return np.dtype(default)
 
 
+def plain_anchor_input(wl: Workload, ops, dtypes=("float32", "float64")):
+    """The anchor's data input, when the anchor is one of `ops` reading a workload input of one of
+    `dtypes`, and it and every output are plain (not channel-blocked); else None."""
+    a = wl.anchor
+    if a.op not in ops or not a.args or not a.args[0].startswith("i"):
+        return None
+    x = wl.spec(a.args[0])
+    if x.layout is not None or x.dtype.name not in dtypes or any(o.layout for o in wl.outputs):
+        return None
+    return x
+
+
+INT_OR_FLOAT = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
 def epilogue_inputs(ops: list) -> list:
     """Workload input indices read by an epilogue."""
     return sorted({int(a[1:]) for op in ops for a in op.args if a.startswith("i")})
