@@ -11,7 +11,7 @@ import numpy as np
 
 from .expr import ctor, lit
 from .pool import chain_ok
-from .reduce import (axis_index, column_tasks, default_rows, define_row_or_column, finish, knob_values,
+from .reduce import (axis_index, column_blocks, column_tasks, default_rows, define_row_or_column, finish, knob_values,
                      store, tasks_loop)
 from .space import ConfigSpace
 from .template import INT_OR_FLOAT, Kernel, Template, plain_anchor_input, register
@@ -116,9 +116,5 @@ class ArgReduce(Template):
             lines += store(wl, ind + "    ", "aci[q]", f"np.uintp(ob * {inner} + blk * {W} + q)")
             return lines
 
-        if tail:
-            body += [f"{ind}if blk < {nfull}:"] + column(ind + "    ", W)
-            body += [f"{ind}else:"] + column(ind + "    ", tail)
-        else:
-            body += column(ind, W)
+        body += column_blocks(ind, nfull, tail, W, column)
         return finish(wl, body, [x_arg], cfg["parallel"])

@@ -165,6 +165,14 @@ def column_tasks(outer: int, inner: int, L: int, W: int, rpt: int, prologue: lis
     return body, ind, nfull, tail
 
 
+def column_blocks(ind: str, nfull: int, tail: int, W: int, column) -> list:
+    """A column task's body: `column(ind, width)` for a full block of W columns, and for the last
+    block of `tail` columns when W does not divide the kept extent."""
+    if not tail:
+        return column(ind, W)
+    return [f"{ind}if blk < {nfull}:", *column(ind + "    ", W), f"{ind}else:", *column(ind + "    ", tail)]
+
+
 def col_widths(inner: int) -> list:
     """Column block widths: loops of 64+ lanes stay loops that LLVM vectorises; a fully unrolled
     16-lane loop inside a reduction was turned into gathers across the reduced axis."""
@@ -324,11 +332,7 @@ class Softmax(Template):
             lines += store(wl, ind + "        ", v, "xi", idx)
             return lines
 
-        if tail:
-            body += [f"{ind}if blk < {nfull}:"] + column(ind + "    ", W)
-            body += [f"{ind}else:"] + column(ind + "    ", tail)
-        else:
-            body += column(ind, W)
+        body += column_blocks(ind, nfull, tail, W, column)
         return finish(wl, body, [x_arg], cfg["parallel"], EXTRA)
 
 
@@ -631,9 +635,5 @@ class Reduce(Template):
             lines += store(wl, ind + "    ", post("acc[q]"), f"np.uintp(ob * {I} + blk * {W} + q)")
             return lines
 
-        if tail:
-            body += [f"{ind}if blk < {nfull}:"] + column(ind + "    ", W)
-            body += [f"{ind}else:"] + column(ind + "    ", tail)
-        else:
-            body += column(ind, W)
+        body += column_blocks(ind, nfull, tail, W, column)
         return finish(wl, body, [x_arg], cfg["parallel"], EXTRA)

@@ -148,10 +148,8 @@ class Module:
         memory.check({f"buffer of {holds.get(k, '?')}": size * dt.itemsize for k, (size, dt) in enumerate(plan.buffers)},
                      f"module {program['name']!r}")
 
-        kernels = []
-        for s, v, cfg in zip(steps, views, configs):
-            kernels.append(None if v else get_template(s["template"]).build(Workload(s["workload"]), cfg))
-        built = [(s, k) for s, k in zip(steps, kernels) if k is not None]
+        built = [(s, get_template(s["template"]).build(Workload(s["workload"]), cfg))
+                 for s, v, cfg in zip(steps, views, configs) if not v]
         sources = [k.source for _, k in built if k.source is not None]
         names = [f"op {s['pattern']} ({s.get('desc', '')}) of the node writing {', '.join(map(repr, s['outputs']))}"
                  for s, k in built if k.source is not None]
@@ -161,11 +159,13 @@ class Module:
         self.fallback_reasons = [(s["desc"], fallback_why(Workload(s["workload"])))
                                  for s, k in built if k.source is None]
 
-        # kernels take writable arrays; constants may be read-only views
+        # constants a kernel reads directly (most reach it packed instead); kernels take writable
+        # arrays, and constants may be read-only views
+        direct = {s["inputs"][int(a[2:])] for s, k in built for a in k.args if a.startswith("in")}
         self._const_arrays = {
             n: np.require(to_physical(constants[n].astype(t["dtype"], copy=False),
                                       tuple(t["layout"]) if t["layout"] else None), requirements=["C", "W"])
-            for n, t in tensors.items() if t["const"]}
+            for n, t in tensors.items() if t["const"] and n in direct}
         self._bound = []
         self.step_names = []
         for s, k in built:
