@@ -74,23 +74,19 @@ def worker_env(**extra) -> dict:
 _HELPER_MODULES = ("launch.py", "stack.py", "reduce.py")     # imported by generated kernels
 
 
+def file_name(source: str) -> str:
+    """A kernel file's name: the hash of its text and the target, so a changed file is caught."""
+    digest = hashlib.sha256((target_tag() + "\n" + source).encode()).hexdigest()[:24]
+    return f"k_{digest}.py"
+
+
 def source_path(source: str) -> str:
-    return source_path_for(os.path.join(kernel_dir(), "k"), source)
+    return os.path.join(kernel_dir(), file_name(source))
 
 
 def is_compiled(path: str) -> bool:
     stem = os.path.splitext(os.path.basename(path))[0]
     return bool(glob.glob(os.path.join(os.path.dirname(path), "__pycache__", f"{stem}.*.nbi")))
-
-
-def _digest_ok(path: str, text: str) -> bool:
-    """A kernel file's name is the hash of its text (and target): a changed file is caught."""
-    return os.path.basename(path) == os.path.basename(source_path_for(path, text))
-
-
-def source_path_for(path: str, source: str) -> str:
-    digest = hashlib.sha256((target_tag() + "\n" + source).encode()).hexdigest()[:24]
-    return os.path.join(os.path.dirname(path), f"k_{digest}.py")
 
 
 def _write(path: str, source: str):
@@ -111,7 +107,7 @@ def _import(path: str):
     name = "modelc_kernel_" + os.path.splitext(os.path.basename(path))[0]
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    if not _digest_ok(path, text):
+    if os.path.basename(path) != file_name(text):
         raise ModelcError(f"kernel cache file {path!r} does not hold the source its name is the hash "
                           "of (modified or corrupt); delete it and compile again")
     # executed from the text just checked, never from a .pyc that could have been put beside it
