@@ -226,8 +226,7 @@ class _Worker:
         rc = self.proc.wait()
         if not started:
             return "gone", ""
-        how = (f"killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
-               else f"exit status {rc}")
+        how = exit_how(rc)
         if timed_out:
             how = f"killed after the timeout of {timeout:g} s"
         self.err.seek(pos)
@@ -247,6 +246,16 @@ class _Worker:
                 self.proc.wait()
         self.proc.stdout.close()
         self.err.close()
+
+
+def exit_how(rc: int) -> str:
+    """How a worker process ended, from its return code: "killed by signal SIGABRT", "exit status 1"."""
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit status {rc}"
 
 
 _workers: list = []

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -98,15 +97,7 @@ class Worker:
         if self._drainer is not None:
             self._drainer.join(1.0)          # its last stderr lines
         self.close()
-        if code is None:
-            how = "closed its output"
-        elif code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-        else:
-            how = f"exited with status {code}"
+        how = "closed its output" if code is None else f"ended ({cache.exit_how(code)})"
         tail = " | ".join(ln.strip() for ln in list(self._stderr)[-5:] if ln.strip())
         return f"the worker process {how}" + (f"; its stderr ended: {tail}" if tail else "")
 
