@@ -24,8 +24,11 @@ MAX_K = 256
 
 
 class _Columns(Template):
+    """Templates scanning the anchor's `axis` (default -1) for each kept column."""
+
     def _geometry(self, wl: Workload):
-        raise NotImplementedError
+        a = wl.anchor
+        return column_geometry(wl.spec(a.args[0]).shape, a.attrs.get("axis", -1))
 
     def space(self, wl: Workload) -> ConfigSpace:
         _ax, outer, _L, inner = self._geometry(wl)
@@ -42,10 +45,6 @@ class _Columns(Template):
 @register
 class Hardmax(_Columns):
     name = "hardmax"
-
-    def _geometry(self, wl: Workload):
-        a = wl.anchor
-        return column_geometry(wl.spec(a.args[0]).shape, a.attrs.get("axis", -1))
 
     def matches(self, wl: Workload) -> bool:
         x = plain_anchor_input(wl, ("Hardmax",), INT_OR_FLOAT)
@@ -87,10 +86,6 @@ def _topk_outputs(wl: Workload):
 @register
 class TopK(_Columns):
     name = "topk"
-
-    def _geometry(self, wl: Workload):
-        a = wl.anchor
-        return column_geometry(wl.spec(a.args[0]).shape, a.attrs.get("axis", -1))
 
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
