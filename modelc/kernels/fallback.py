@@ -10,16 +10,15 @@ import numpy as np
 
 from .. import reference
 from .layout import from_physical, to_physical
-from .template import Kernel, Template, register
+from .template import Kernel, Template, register, unsupported_dtype
 from .workload import Workload
 
 
 def why(wl: Workload) -> str:
     """Why no generated kernel runs a group: the dtypes kernels do not take, or the op chain."""
-    from .template import _NB
-    odd = sorted({t.dtype.name for t in wl.inputs + wl.outputs} - set(_NB))
+    odd = unsupported_dtype(wl)
     if odd:
-        return f"tensors of dtype {', '.join(odd)} have no generated kernels"
+        return f"tensors of dtype {odd} have no generated kernels"
     return "no kernel template handles " + " -> ".join(o.op for o in wl.ops)
 
 
