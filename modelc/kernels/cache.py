@@ -19,7 +19,9 @@ import tempfile
 import types
 import threading
 
-from . import _prefer_wide_vectors  # noqa: F401  (numba must start with our CPU features)
+from ..target import prefer_wide_vectors
+
+prefer_wide_vectors()     # numba must start with our CPU features
 import numba  # noqa: E402
 
 from ..errors import ModelcError  # noqa: E402

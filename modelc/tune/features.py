@@ -25,6 +25,8 @@ import zlib
 
 import numpy as np
 
+from .. import target
+
 MAX_DIMS = 5
 MAX_TENSORS = 4          # three inputs and the first output
 TENSOR_LEN = MAX_DIMS + 3
@@ -38,8 +40,6 @@ KNOB_WIDTH = 7
 ONEHOT = KNOB_WIDTH - 2
 N_FEATURES = WL_LEN + len(DERIVED) + HOOK_SLOTS + MAX_KNOBS * KNOB_WIDTH
 
-LANES = 16               # float32 lanes of a 512-bit vector: only used to count vector registers
-L1_BYTES, L2_BYTES = 48 << 10, 1 << 20
 KIND = {"knob": 1.0, "split": 2.0, "reorder": 3.0, "annotate": 4.0}
 # tile knob name suffix -> which output extent it tiles (used for padding waste)
 TILE_AXES = {"ow": "W", "oh": "H", "oc": "C", "oc_blocks": "C", "m": "M", "n": "N"}
@@ -179,9 +179,10 @@ def _derived(space, wl, values: dict, flops: float) -> list:
     rblock = min(red_block, reduction) if red_block else reduction
     ws = 4.0 * (reg + rblock * (sum(dims) if dims else 1.0))
     items = max(out_elems / (reg * group), 1.0)
-    vec_regs = math.ceil(dims[-1] / LANES) * reg / dims[-1] if dims else 1.0
+    cpu = target.current()        # vectors and caches of the CPU the records are for
+    vec_regs = math.ceil(dims[-1] / cpu.lanes()) * reg / dims[-1] if dims else 1.0
     return [_log2(reg), float(len(dims)), reg / sum(dims) if dims else 0.0, _log2(vec_regs),
-            waste - 1.0, _log2(reduction), _log2(ws), float(ws <= L1_BYTES), float(ws <= L2_BYTES),
+            waste - 1.0, _log2(reduction), _log2(ws), float(ws <= cpu.l1d_bytes), float(ws <= cpu.l2_bytes),
             _log2(items), float(items < 16), parallel, unroll_n, _log2(unroll_f)]
 
 

@@ -7,10 +7,8 @@ the next measurement starts); a corrupt or foreign line is skipped with one warn
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
-import platform
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ except ImportError:                   # not POSIX: single O_APPEND writes only
 
 from .. import __version__
 from ..errors import ModelcError
+from ..target import Target
 from ..validate import check_config, check_record
 from . import dispatch
 
@@ -32,27 +31,9 @@ ERROR_NAMES = {NO_ERROR: "ok", COMPILE_ERROR: "compile error", RUNTIME_ERROR: "r
                RUN_TIMEOUT: "run timeout", WRONG_RESULT: "wrong result", BUILD_TIMEOUT: "build timeout"}
 
 
-@functools.lru_cache(maxsize=None)
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def current_target(threads: int | None = None) -> dict:
     """What a measurement depends on: CPU model, ISA features numba compiles for, thread count."""
-    import numba
-    import llvmlite.binding as llvm
-    feats = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
-    isa = sorted(f[1:] for f in feats.split(",") if f.startswith("+") and
-                 f[1:].startswith(("avx", "fma", "sse4", "amx", "neon", "sve")))
-    return {"cpu": _cpu_model(), "llvm_cpu": numba.config.CPU_NAME or llvm.get_host_cpu_name(),
-            "isa": isa, "threads": int(threads or numba.get_num_threads())}
+    return Target.host(threads).record()
 
 
 def same_target(a: dict, b: dict) -> bool:

@@ -1,0 +1,198 @@
+"""The target: one description of the CPU that kernels are generated and tuned for.
+
+Register tiles, channel blocks, parallel thresholds, the cost model's cache features and the
+tuning records' target all follow from these few numbers, so that a default chosen on an
+AVX-512 machine (32 registers of 16 float32) is not carried to an AVX2 one (16 registers of 8),
+where the same tiles spill (docs/performance.md: untuned modules shaped for one ran 1.6-3.4x
+slower than onnxruntime on the other). `Target.host()` reads the running machine; a target can
+also be described by hand (`Target.from_features`) to generate, test or reason about kernels for
+another CPU, and `use(target)` makes it the one templates see.
+
+Nothing here imports numba: `prefer_wide_vectors` must run before numba starts.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass, replace
+
+# Vector FMA pipes and their latency in cycles, by LLVM CPU name prefix: how many independent
+# accumulators keep the pipes busy (pipes x latency). Unknown CPUs get (2, 4), which every x86
+# core of the last decade meets or exceeds.
+_FMA = {"znver1": (2, 5), "znver": (2, 4), "skylake": (2, 4), "cascadelake": (2, 4),
+        "icelake": (2, 4), "sapphirerapids": (2, 4), "emeraldrapids": (2, 4),
+        "graniterapids": (2, 4), "haswell": (2, 5), "broadwell": (2, 5)}
+_DEFAULT_FMA = (2, 4)
+# Cache sizes when the OS does not say (bytes): a small modern core.
+_DEFAULT_CACHES = (32 << 10, 1 << 20, 32 << 20)
+RESERVED_REGISTERS = 4      # vector registers a register tile leaves for operands and broadcasts
+ISA_PREFIXES = ("avx", "fma", "sse4", "amx", "neon", "sve")
+
+
+@dataclass(frozen=True)
+class Target:
+    cpu: str                    # the model name the OS reports ("AMD EPYC", "Intel Xeon ...")
+    llvm_cpu: str               # LLVM's name for the microarchitecture (znver4, sapphirerapids)
+    isa: tuple                  # vector ISA features kernels are compiled with, sorted
+    vector_bits: int            # width of the vectors LLVM is asked to use
+    vector_registers: int       # architectural vector registers (32 with AVX-512, 16 with AVX2)
+    fma_pipes: int              # vector FMAs issued per cycle
+    fma_latency: int            # cycles before an FMA's result can be used
+    l1d_bytes: int              # per core
+    l2_bytes: int               # per core
+    l3_bytes: int               # shared
+    threads: int                # worker threads a kernel runs on
+
+    # ---- what templates derive from it -----------------------------------------------------
+    def lanes(self, itemsize: int = 4) -> int:
+        """Elements of `itemsize` bytes in one vector (float32: 16 with AVX-512, 8 with AVX2)."""
+        return max(1, self.vector_bits // (8 * itemsize))
+
+    @property
+    def max_tile_vectors(self) -> int:
+        """Accumulator vectors a register tile may hold without spilling."""
+        return self.vector_registers - RESERVED_REGISTERS
+
+    @property
+    def accumulators_in_flight(self) -> int:
+        """Independent accumulators that keep the FMA pipes busy (fewer leave them idle)."""
+        return self.fma_pipes * self.fma_latency
+
+    # ---- records ------------------------------------------------------------------------------
+    def record(self) -> dict:
+        """What a measurement depends on, as tuning records store it (and match it)."""
+        return {"cpu": self.cpu, "llvm_cpu": self.llvm_cpu, "isa": list(self.isa), "threads": self.threads}
+
+    def describe(self) -> str:
+        return (f"{self.cpu} ({self.llvm_cpu}): {self.vector_bits}-bit vectors x {self.vector_registers} "
+                f"registers, {self.fma_pipes} FMA pipes, L1d {self.l1d_bytes >> 10} KiB, "
+                f"L2 {self.l2_bytes >> 10} KiB, L3 {self.l3_bytes >> 20} MiB, {self.threads} threads")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "isa": list(self.isa)}
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_features(cls, llvm_cpu: str, features: str, *, cpu: str | None = None, threads: int = 1,
+                      caches: tuple | None = None) -> "Target":
+        """A target from LLVM's CPU name and feature string ("+avx2,+fma,-avx512f,..."), as
+        numba compiles for it; cache sizes (l1d, l2, l3 bytes) default to a small modern core."""
+        on = {f[1:] for f in features.split(",") if f.startswith("+")}
+        isa = tuple(sorted(f for f in on if f.startswith(ISA_PREFIXES)))
+        if "avx512f" in on:
+            bits, regs = (256 if "prefer-256-bit" in on else 512), 32
+        elif "avx" in on:
+            bits, regs = 256, 16
+        elif "neon" in on or llvm_cpu.startswith(("apple", "cortex", "neoverse")):
+            bits, regs = 128, 32
+        else:
+            bits, regs = 128, 16
+        pipes, latency = next((v for k, v in _FMA.items() if llvm_cpu.startswith(k)), _DEFAULT_FMA)
+        l1, l2, l3 = caches or _DEFAULT_CACHES
+        return cls(cpu=cpu or llvm_cpu, llvm_cpu=llvm_cpu, isa=isa, vector_bits=bits, vector_registers=regs,
+                   fma_pipes=pipes, fma_latency=latency, l1d_bytes=int(l1), l2_bytes=int(l2),
+                   l3_bytes=int(l3), threads=int(threads))
+
+    @classmethod
+    def host(cls, threads: int | None = None) -> "Target":
+        """The running machine, with numba's thread count (or `threads`)."""
+        t = _host()
+        if threads is None:
+            import numba
+            threads = numba.get_num_threads()
+        return replace(t, threads=int(threads))
+
+
+@functools.lru_cache(maxsize=None)
+def _host() -> Target:
+    import llvmlite.binding as llvm
+    name = os.environ.get("NUMBA_CPU_NAME") or llvm.get_host_cpu_name()
+    features = os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()
+    return Target.from_features(name, features, cpu=cpu_model(), threads=1, caches=cache_sizes())
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_sizes() -> tuple:
+    """(L1 data, L2, L3) bytes of CPU 0, from sysfs, else sysconf, else the defaults."""
+    found = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            if not entry.startswith("index"):
+                continue
+            d = os.path.join(base, entry)
+            with open(os.path.join(d, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(d, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(d, "size")) as f:
+                size = _bytes(f.read().strip())
+            if kind != "Instruction" and size:
+                found.setdefault(level, size)
+    except (OSError, ValueError):
+        pass
+    for level, name in ((1, "SC_LEVEL1_DCACHE_SIZE"), (2, "SC_LEVEL2_CACHE_SIZE"), (3, "SC_LEVEL3_CACHE_SIZE")):
+        if level not in found:
+            try:
+                v = os.sysconf(name)
+            except (ValueError, OSError, AttributeError):
+                v = 0
+            if v and v > 0:
+                found[level] = v
+    return tuple(found.get(k, d) for k, d in zip((1, 2, 3), _DEFAULT_CACHES))
+
+
+def _bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1].upper() in units:
+        return int(text[:-1]) * units[text[-1].upper()]
+    return int(text)
+
+
+# ---- the target templates see --------------------------------------------------------------------
+
+_current: contextvars.ContextVar = contextvars.ContextVar("modelc_target", default=None)
+
+
+def current() -> Target:
+    """The target kernels are generated for: the one `use` set, else the running machine."""
+    return _current.get() or Target.host()
+
+
+@contextlib.contextmanager
+def use(target: Target):
+    """Generate kernels (defaults, tiles, blocks) for `target` inside this block."""
+    token = _current.set(target)
+    try:
+        yield target
+    finally:
+        _current.reset(token)
+
+
+def prefer_wide_vectors():
+    """Let numba compile with 512-bit vectors on AVX-512 machines (LLVM otherwise prefers 256-bit
+    vectors there; docs/performance.md: the same convolution went from 114 to 157-197 GFLOP/s).
+    Must run before numba is imported; a user's own NUMBA_CPU_FEATURES is respected."""
+    if "NUMBA_CPU_FEATURES" in os.environ or "numba" in sys.modules:
+        return
+    try:
+        import llvmlite.binding as llvm
+        features = llvm.get_host_cpu_features().flatten()
+    except Exception:
+        return
+    if "+avx512f" in features.split(","):
+        os.environ["NUMBA_CPU_FEATURES"] = features + ",-prefer-256-bit"
