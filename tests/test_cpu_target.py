@@ -1,0 +1,85 @@
+"""The CPU description: what it derives from LLVM's names and features, and what records store."""
+import numba
+import pytest
+
+from modelc import target
+from modelc.target import Target
+
+AVX2 = "+avx,+avx2,+fma,+sse4.1,+sse4.2,-avx512f"
+AVX512 = "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl,+avx512vnni,-amx-tile"
+
+
+def test_avx2_is_8_lanes_16_registers():
+    t = Target.from_features("znver3", AVX2, threads=2)
+    assert (t.vector_bits, t.lanes(), t.lanes(8), t.vector_registers) == (256, 8, 4, 16)
+    assert t.max_tile_vectors == 12
+    assert t.isa == ("avx", "avx2", "fma", "sse4.1", "sse4.2")
+
+
+def test_avx512_is_16_lanes_32_registers():
+    t = Target.from_features("sapphirerapids", AVX512, threads=2)
+    assert (t.vector_bits, t.lanes(), t.vector_registers, t.max_tile_vectors) == (512, 16, 32, 28)
+    assert "avx512vnni" in t.isa and "amx-tile" not in t.isa      # a "-" feature is off
+
+
+def test_prefer_256_bit_halves_the_vectors_not_the_registers():
+    t = Target.from_features("skylake-avx512", AVX512 + ",+prefer-256-bit")
+    assert (t.lanes(), t.vector_registers) == (8, 32)
+
+
+def test_fma_pipes_by_microarchitecture():
+    assert Target.from_features("znver4", AVX512).accumulators_in_flight == 8
+    assert Target.from_features("haswell", AVX2).fma_latency == 5
+    assert Target.from_features("some-future-cpu", AVX2).accumulators_in_flight == 8
+
+
+def test_host_matches_what_llvm_says_and_records_store():
+    import llvmlite.binding as llvm
+    t = Target.host()
+    feats = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
+    assert ("avx512f" in t.isa) == ("+avx512f" in feats.split(","))
+    assert t.threads == numba.get_num_threads()
+    assert t.l1d_bytes >= 4096 and t.l2_bytes >= t.l1d_bytes
+    rec = t.record()
+    assert set(rec) == {"cpu", "llvm_cpu", "isa", "threads"} and rec["isa"] == list(t.isa)
+    from modelc.tune.records import current_target, same_target
+    assert same_target(current_target(), rec)
+    assert not same_target(Target.host(threads=t.threads + 1).record(), rec)
+
+
+def test_use_sets_the_target_for_this_thread_only():
+    import threading
+    avx2 = Target.from_features("znver3", AVX2, threads=2)
+    seen = {}
+    with target.use(avx2):
+        assert target.current() is avx2
+        th = threading.Thread(target=lambda: seen.setdefault("other", target.current()))
+        th.start()
+        th.join()
+    assert seen["other"].llvm_cpu == Target.host().llvm_cpu
+    assert target.current() == Target.host()
+
+
+@pytest.mark.parametrize("text,expected", [("32K", 32 << 10), ("1024K", 1 << 20), ("32M", 32 << 20), ("512", 512)])
+def test_sysfs_sizes(text, expected):
+    assert target._bytes(text) == expected
+
+
+def test_cost_model_features_follow_the_target():
+    """The vector-register and cache features read the target's lanes and L1."""
+    from types import SimpleNamespace
+
+    from modelc.kernels.space import ConfigSpace
+    from modelc.tune import features
+
+    sp = ConfigSpace()
+    sp.define_knob("tile_n", [24])
+    wl = SimpleNamespace(outputs=[SimpleNamespace(shape=(64, 24), layout=None)])
+    small = Target.from_features("znver3", AVX2, threads=2, caches=(32 << 10, 512 << 10, 16 << 20))
+    big = Target.from_features("znver4", AVX512, threads=2, caches=(32 << 10, 1 << 20, 32 << 20))
+    derived = {}
+    for t in (small, big):
+        with target.use(t):
+            derived[t.llvm_cpu] = dict(zip(features.DERIVED, features._derived(sp, wl, {"tile_n": 24}, 3e4)))
+    # 24 floats are 3 AVX2 vectors but 2 AVX-512 ones
+    assert derived["znver3"]["log_vec_regs"] > derived["znver4"]["log_vec_regs"]
