@@ -80,7 +80,7 @@ def bench(name: str, threads: int, rounds: int, log: str | None) -> dict:
     t_ort, t_mc = times["ort"], times["modelc"]
     prof = mod.profile(repeat=5)
     steps = [s for s in mod.program["steps"] if not s.get("view")]
-    from modelc.tune.task import workload_flops
+    from modelc.extract import workload_flops
     best_conv = 0.0
     for s, (_, ms) in zip(steps, prof):
         if s["template"] in ("conv2d", "depthwise_conv2d"):

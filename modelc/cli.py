@@ -8,20 +8,7 @@ import sys
 import numpy as np
 
 from .errors import ModelcError
-
-
-def resolve_model(model: str) -> str:
-    """A path as given, or the cached file of a built-in example model (built on first use)."""
-    if os.path.exists(model) or os.sep in model or model.endswith(".onnx"):
-        return model
-    try:
-        import models
-    except ImportError:
-        raise ModelcError(f"{model!r} is not a file, and the built-in example models are not installed")
-    if model not in models.MODELS:
-        raise ModelcError(f"{model!r} is neither a file nor a built-in model "
-                          f"(built-in: {', '.join(sorted(models.MODELS))})")
-    return models.cached_path(model)
+from .resolve import resolve_model
 
 
 def parse_shapes(items) -> dict | None:
@@ -67,18 +54,18 @@ def cmd_info(args):
 
 def _fallback_groups(graph) -> list:
     """(group, why) of the fused groups `compile` would run on the numpy reference."""
-    from .compiler import lower
+    from .extract import tasks_from_graph
     from .kernels.fallback import why
     from .kernels.workload import Workload
-    from .tune.task import tasks_from_graph
+    from .passes.lower import lower
     return [(t.desc, why(Workload(t.workload))) for t in tasks_from_graph(lower(graph))
             for _ in range(t.weight) if t.template == "reference"]
 
 
 def cmd_tasks(args):
     import json
-    from .compiler import lower
-    from .tune.task import tasks_from_graph
+    from .extract import tasks_from_graph
+    from .passes.lower import lower
     fused = lower(_import(args))
     tasks = tasks_from_graph(fused)
     if args.graph:

@@ -62,7 +62,7 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
     import onnxruntime as ort
 
     import modelc
-    from .cli import resolve_model
+    from .resolve import resolve_model
     from .tune.records import ApplyHistoryBest
 
     path = resolve_model(model)

@@ -3,41 +3,17 @@ from __future__ import annotations
 
 import sys
 
-from . import __version__
+from .extract import describe, workload_key, workload_of
 from .frontend import from_onnx
 from .ir import Graph
 from .kernels import templates as _templates  # noqa: F401  (registers the templates)
-from .errors import ModelcError
-from .kernels.template import FALLBACK_DTYPES, KERNEL_DTYPES, alternatives, select
+from .kernels.template import alternatives, select
 from .kernels.template import get as get_template
 from .kernels.workload import Workload
-from .passes import optimize
-from .passes.layout import plan_layouts
+from .passes.lower import lower
 from .runtime.module import FORMAT_VERSION, Module
 from .tune import dispatch
-from .tune.task import describe, workload_key, workload_of
-
-
-def lower(graph: Graph) -> Graph:
-    """Graph passes, fusion and layout planning: the graph whose groups become kernels."""
-    check_dtypes(graph)
-    return plan_layouts(optimize(graph))
-
-
-def check_dtypes(graph: Graph):
-    """Refuse, naming the tensor, its node and its dtype, a tensor neither generated kernels nor
-    the numpy fallback compute (bfloat16, float8, int4, int2, float4, complex, string ...)."""
-    ok = KERNEL_DTYPES | FALLBACK_DTYPES
-    where = {}
-    for node in graph.topo():
-        for t in [*node.inputs, *node.outputs]:
-            if t:
-                where.setdefault(t, node.where())
-    for t in [*where, *graph.inputs, *graph.outputs]:
-        dt = graph.tensors[t].dtype
-        if dt.name not in ok:
-            raise ModelcError(f"tensor {t!r} of {where.get(t, 'the graph')} has dtype {dt.name}, "
-                              f"which modelc cannot compile (it compiles {', '.join(sorted(ok))})")
+from .version import VERSION
 
 
 def build_program(fused: Graph) -> tuple[dict, dict]:
@@ -65,7 +41,7 @@ def build_program(fused: Graph) -> tuple[dict, dict]:
         t = fused.tensors[name]
         tensors[name] = {"shape": list(t.shape), "dtype": t.dtype.name,
                          "layout": list(t.layout) if t.layout else None, "const": t.is_const}
-    program = {"format": FORMAT_VERSION, "modelc": __version__, "name": fused.name,
+    program = {"format": FORMAT_VERSION, "modelc": VERSION, "name": fused.name,
                "inputs": [{"name": n, "shape": list(fused.tensors[n].shape),
                            "dtype": fused.tensors[n].dtype.name} for n in fused.inputs],
                "outputs": [{"name": n, "shape": list(fused.tensors[n].shape),

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import modelc
 from modelc.errors import ModelcError
 from modelc.tune import records as R
-from modelc.tune.task import workload_key
+from modelc.extract import workload_key
 
 PAYLOADS = {"plain": "__import__('os').system('touch /tmp/modelc_pwned')",
             "newline": "1\nimport os\nos.system('touch /tmp/modelc_pwned')\n"}

@@ -1,6 +1,6 @@
 """Depthwise and generic convolution templates against the reference executor.
 
-Hand-made workloads (the JSON `tune.task.workload_of` writes) cover MobileNetV2-style depthwise
+Hand-made workloads (the JSON `extract.workload_of` writes) cover MobileNetV2-style depthwise
 layers in the blocked layout (stride 1/2, output halos, ReLU6, residual add) and the fallback's
 cases: grouped, dilated, asymmetric pads, 1-d, 3-d, odd channels, plain and blocked layouts,
 several outputs, ConvTranspose. Each runs its default config and a few seeded random configs.

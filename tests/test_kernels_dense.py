@@ -1,6 +1,6 @@
 """Dense and batch_matmul templates against the reference executor.
 
-Hand-made workloads (the JSON `tune.task.workload_of` writes) cover ragged M and N tiles, no bias,
+Hand-made workloads (the JSON `extract.workload_of` writes) cover ragged M and N tiles, no bias,
 residual and scalar epilogues, 1-d operands, broadcast batch dims, a constant right operand and a
 blocked input of 1x1 planes; the transformer's real tasks run too. Each case runs its default
 config and, for most, a seeded random valid config; kernels compile in parallel up front.
@@ -88,7 +88,7 @@ def _cases(wl_json, n_random, seed):
 @pytest.fixture(scope="module")
 def transformer_tasks():
     import models
-    from modelc.tune.task import extract_tasks
+    from modelc.extract import extract_tasks
     return [t for t in extract_tasks(models.cached_path("transformer"))
             if t.template in ("dense", "batch_matmul")]
 

@@ -145,7 +145,7 @@ def test_real_pools():
     import models
     from modelc.passes import optimize
     from modelc.passes.layout import plan_layouts
-    from modelc.tune.task import tasks_from_graph
+    from modelc.extract import tasks_from_graph
     g = plan_layouts(optimize(modelc.from_onnx(models.cached_path("resnet18"), default_batch=1)))
     seen = set()
     for task in tasks_from_graph(g):
@@ -186,7 +186,7 @@ def test_reduce_family(case):
 
 def test_real_transformer_and_random_configs():
     import models
-    from modelc.tune.task import extract_tasks
+    from modelc.extract import extract_tasks
     seen = set()
     rng = np.random.default_rng(2)
     for task in extract_tasks(models.cached_path("transformer")):

@@ -13,7 +13,7 @@ from modelc.kernels.template import alternatives, get
 from modelc.kernels.winograd import MATRICES
 from modelc.kernels.workload import Workload
 from modelc.tune import records as R
-from modelc.tune.task import extract_tasks
+from modelc.extract import extract_tasks
 
 from test_kernels_conv2d import conv_wl
 

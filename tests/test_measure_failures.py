@@ -22,7 +22,7 @@ from modelc.kernels.workload import Workload
 from modelc.tune import records as R
 from modelc.tune.measure import MeasureOptions, Measurer
 from modelc.tune.records import ApplyHistoryBest, Record, RecordWriter, best_by_key, load_records
-from modelc.tune.task import workload_key
+from modelc.extract import workload_key
 from modelc.tune.tuning import TuningTask
 
 # ---- a template whose one knob picks how its candidate fails ---------------------------------

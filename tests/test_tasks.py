@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 import models
 import modelc
 from modelc.ops.cost import graph_macs
-from modelc.compiler import lower
-from modelc.tune.task import extract_tasks, tasks_from_graph
+from modelc.passes.lower import lower
+from modelc.extract import extract_tasks, tasks_from_graph
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_resnet18_weights_and_flops(r18):
 
 
 def test_extract_tasks_is_deterministic_across_processes():
-    code = ("import json, models; from modelc.tune.task import extract_tasks; "
+    code = ("import json, models; from modelc.extract import extract_tasks; "
             "print(json.dumps([(t.key, t.weight) for t in "
             "extract_tasks(models.cached_path('resnet18'), shape={'input': (1, 3, 224, 224)})]))")
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

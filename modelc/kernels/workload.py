@@ -1,4 +1,4 @@
-"""A task's workload (the canonical JSON of `tune.task.workload_of`) as kernel templates read it.
+"""A task's workload (the canonical JSON of `extract.workload_of`) as kernel templates read it.
 
 Templates work from this description alone - never from the model graph - so a tuning worker can
 rebuild any kernel from a log record, and a saved module regenerates its kernels from data.

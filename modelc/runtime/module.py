@@ -20,7 +20,6 @@ import zlib
 
 import numpy as np
 
-from .. import __version__
 from ..errors import InputError, ModelcError
 from ..kernels import cache, launch
 from ..kernels import templates as _templates  # noqa: F401  (registers the templates)
@@ -29,6 +28,7 @@ from ..kernels.layout import from_physical, same_as_plain, to_physical
 from ..kernels.template import get as get_template
 from ..kernels.workload import Workload
 from ..validate import DocumentError, check_program
+from ..version import VERSION
 from .. import memory
 from .plan import plan_buffers
 
@@ -326,7 +326,7 @@ def load(path: str, jobs: int | None = None) -> Module:
     if not isinstance(program, dict) or program.get("format") != FORMAT_VERSION:
         fmt = program.get("format") if isinstance(program, dict) else None
         raise ModelcError(f"{path!r} has module format {fmt}; this modelc "
-                          f"({__version__}) reads format {FORMAT_VERSION}")
+                          f"({VERSION}) reads format {FORMAT_VERSION}")
     try:
         return Module(program, consts, jobs=jobs)
     except DocumentError as e:

@@ -18,10 +18,10 @@ try:
 except ImportError:                   # not POSIX: single O_APPEND writes only
     fcntl = None
 
-from .. import __version__
 from ..errors import ModelcError
 from ..target import Target
 from ..validate import check_config, check_record
+from ..version import VERSION
 from . import dispatch
 
 RECORD_VERSION = 1
@@ -52,7 +52,7 @@ class Record:
     target: dict = field(default_factory=dict)
     workload: dict | None = None
     timestamp: float = 0.0
-    version: str = __version__
+    version: str = VERSION
     weight: int = 1                   # occurrences of the workload in the tuned model (for plots)
 
     @property

@@ -38,7 +38,7 @@ class TuningTask:
 
 def tuning_tasks(model, shape: dict | None = None) -> list:
     """The model's tasks: one per tunable workload and algorithm (template) that can run it."""
-    from .task import extract_tasks
+    from ..extract import extract_tasks
     out = []
     for t in extract_tasks(model, shape):
         wl = Workload(t.workload)
@@ -217,5 +217,5 @@ class _RecordTask:
 
     @functools.cached_property
     def flops(self):
-        from .task import workload_flops
+        from ..extract import workload_flops
         return workload_flops(self.workload)

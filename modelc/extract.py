@@ -1,10 +1,13 @@
-"""Tuning tasks: the unique fused operators of a model, with their weights (occurrence counts).
+"""Tasks: the distinct fused operators of a model, with their weights (occurrence counts).
 
 As in Ansor's `extract_tasks`, every fused group of the optimised graph is described by a workload:
 a canonical JSON of its op pattern, attributes, input/output shapes and dtypes, and the values of
 the small constants a kernel is generated for (shapes, axes, scalars) - never node names or weight
 values. Its hash is the workload key that tuning records are filed under, so it must be the same in
 another model, process, day or exporter for the same layer.
+
+This sits below both the compiler (which files each kernel under its key) and the tuner (which
+tunes tasks), so neither has to import the other.
 """
 from __future__ import annotations
 
@@ -16,25 +19,51 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ..ir import Graph, Node
-from ..ops.cost import node_macs
+from .frontend import from_onnx
+from .ir import Graph, Node
+from .kernels import templates as _templates  # noqa: F401  (registers the templates)
+from .kernels.space import ConfigSpace
+from .kernels.template import Template, alternatives, select
+from .kernels.template import get as get_template
+from .kernels.workload import Workload
+from .ops.cost import node_macs
+from .passes.lower import lower
 
 KEY_VERSION = 1
 COMMUTATIVE = {"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"}
 
-@dataclass
+
+@dataclass(eq=False)
 class Task:
+    """A workload and the template (algorithm) that runs it: what `modelc tasks` lists, the
+    scheduler shares the budget across, a tuner searches and measurement builds.
+
+    `wl`, `tpl` and `space` (the workload's view, the template and its config space) are derived
+    on first use, so a task read back from a log costs nothing until a tuner needs them.
+    """
     key: str
     desc: str
-    pattern: str
-    weight: int
-    flops: int                      # for one occurrence
-    template: str
-    tunable: bool
+    template: str                     # the kernel template's name (records file configs under it)
     workload: dict = field(repr=False)
-    node: Node = field(repr=False, default=None)     # the first occurrence, for building kernels
-    graph: Graph = field(repr=False, default=None)   # the fused graph it was found in
+    weight: int = 1                   # occurrences in the model
+    flops: float = 0                  # for one occurrence
+    pattern: str = ""
+    tunable: bool = True
     alternatives: list = field(default_factory=list)  # other algorithms' templates (Winograd ...)
+    node: Node | None = field(repr=False, default=None)    # the first occurrence
+    graph: Graph | None = field(repr=False, default=None)  # the fused graph it was found in
+
+    @functools.cached_property
+    def wl(self) -> Workload:
+        return Workload(self.workload)
+
+    @functools.cached_property
+    def tpl(self) -> Template:
+        return get_template(self.template)
+
+    @functools.cached_property
+    def space(self) -> ConfigSpace:
+        return self.tpl.space(self.wl)
 
     def to_json(self) -> dict:
         return {"key": self.key, "desc": self.desc, "pattern": self.pattern, "weight": self.weight,
@@ -149,7 +178,6 @@ def group_flops(graph: Graph, node: Node) -> int:
 
 def workload_flops(workload: dict) -> int:
     """FLOPs of a workload from its JSON alone (for records of tasks not in the current model)."""
-    from ..kernels.workload import Workload
     g = Workload(workload).to_graph()
     return _flops(g, g.topo())
 
@@ -192,9 +220,6 @@ def tasks_from_graph(graph: Graph) -> list[Task]:
     knobs (or a single config) runs that fixed kernel and is marked not tunable. `alternatives`
     names the other algorithms a tuning record may replace it with.
     """
-    from ..kernels import templates as _templates  # noqa: F401  (registers the templates)
-    from ..kernels.template import alternatives, select
-    from ..kernels.workload import Workload
     by_key: dict[str, Task] = {}
     for node in graph.topo():
         wl = workload_of(graph, node)
@@ -206,8 +231,8 @@ def tasks_from_graph(graph: Graph) -> list[Task]:
         tpl = select(view)
         tunable = tpl.tunable and len(tpl.space(view)) > 1
         alts = [t.name for t in alternatives(view, tpl)] if tpl.tunable else []
-        by_key[key] = Task(key, describe(graph, node), node.attrs.get("pattern", node.op_type.lower()),
-                           1, group_flops(graph, node), tpl.name, tunable, wl, node, graph, alts)
+        by_key[key] = Task(key, describe(graph, node), tpl.name, wl, 1, group_flops(graph, node),
+                           node.attrs.get("pattern", node.op_type.lower()), tunable, alts, node, graph)
     return list(by_key.values())
 
 
@@ -217,7 +242,5 @@ def extract_tasks(model, shape: dict | None = None) -> list[Task]:
     The graph goes through the same passes, fusion and layout planning as `compile`, so the keys
     are the ones tuning records and `ApplyHistoryBest` use.
     """
-    from ..compiler import lower
-    from ..frontend import from_onnx
     graph = model if isinstance(model, Graph) else from_onnx(model, shape=shape)
     return tasks_from_graph(lower(graph))
