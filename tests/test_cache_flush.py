@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from modelc.kernels import cache, testing
+from modelc.kernels import cache
 from modelc.kernels.template import source
-from modelc.tune import cache_flush
+from modelc.tune import cache_flush, timing
 
 pytestmark = pytest.mark.skipif(not cache_flush.supported(), reason="clflush is x86 only")
 
@@ -20,6 +20,6 @@ def test_time_kernel_with_flush_times_each_call_after_evicting_the_weights():
     fn = cache.load(source(["out0", "in0", "w"], [np.float32] * 3,
                            ["for i in prange(4096):", "    out0[i] = in0[i] * w[i]"]))
     out, x, w = np.zeros(4096, np.float32), np.ones(4096, np.float32), np.full(4096, 2, np.float32)
-    costs = testing.time_kernel(fn, [out, x, w], number=3, repeat=4, flush=[w])
+    costs = timing.time_kernel(fn, [out, x, w], number=3, repeat=4, flush=[w])
     assert len(costs) == 4 and all(c > 0 for c in costs)
     np.testing.assert_array_equal(out, 2 * x)

@@ -36,14 +36,14 @@ def _ping(req: dict) -> dict:
         if isinstance(p, str) and p not in sys.path:
             sys.path.append(p)
     from ..kernels import cache, templates, testing  # noqa: F401
-    from . import cache_flush  # noqa: F401
+    from . import cache_flush, timing  # noqa: F401
     return {"error": 0, "pid": os.getpid()}
 
 
 def _handle(req: dict, refs: dict) -> dict:
     from ..kernels import cache, testing
     from ..kernels.workload import Workload
-    from . import cache_flush
+    from . import cache_flush, timing
     from . import records as R
 
     if req["op"] == "ping":
@@ -78,7 +78,7 @@ def _handle(req: dict, refs: dict) -> dict:
             flush = [a for name, a in zip(kernel.args, args)
                      if not name.startswith(("in", "out")) or
                      (name.startswith("in") and wl.inputs[int(name[2:])].const)]
-        costs = testing.time_kernel(fn, args, req.get("number", 5), req.get("repeat", 3),
+        costs = timing.time_kernel(fn, args, req.get("number", 5), req.get("repeat", 3),
                                     req.get("min_repeat_ms", 0.0), flush=flush)
     except Exception as e:
         return {"error": R.RUNTIME_ERROR, "msg": _message(e)}
