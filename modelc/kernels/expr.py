@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ..errors import ModelcError
+from .intrinsics import FASTMATH, helpers  # noqa: F401  (the emitter's helpers; FASTMATH re-exported)
 
 _NP = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64", "int32": "np.int32",
        "int8": "np.int8", "uint8": "np.uint8", "bool": "np.bool_",
@@ -45,17 +46,21 @@ def _f(dtype, x):
 
 
 def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
-         arg_dtypes: list | None = None) -> str:
+         arg_dtypes: list | None = None, fast_erf: bool = False) -> str:
     """Expression of `op` applied to operand expressions `args` (result of dtype `dtype`).
 
     `consts` maps an operand position to its constant value when the operand is a literal
     scalar, so ops can specialise (x ** 2 -> x * x, Clip bounds). `arg_dtypes`, where the caller
-    knows them, are the operands' dtypes (Pow's exponent may differ from its base).
+    knows them, are the operands' dtypes (Pow's exponent may differ from its base). `fast_erf`
+    computes erf (Erf, exact Gelu) by the float32 polynomial `fast_erf` (intrinsics.FAST_ERF),
+    which vectorises where math.erf is a scalar call; it is float32's precision, so only float32
+    kernels ask for it.
     """
     consts = consts or {}
     dt = np.dtype(dtype)
     a = args[0] if args else None
     L = lambda x: _f(dt, x)  # noqa: E731
+    erf = "fast_erf" if fast_erf else "math.erf"
     adt0 = np.dtype((arg_dtypes or [None])[0] or dt)
     unary = {
         "Relu": lambda: f"max({a}, {L(0)})",
@@ -65,7 +70,7 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
         "Log": lambda: f"math.log({a})",
         "Sqrt": lambda: f"math.sqrt({a})",
         "Tanh": lambda: f"math.tanh({a})",
-        "Erf": lambda: f"math.erf({a})",
+        "Erf": lambda: f"{erf}({a})",
         "Sin": lambda: f"math.sin({a})",
         "Cos": lambda: f"math.cos({a})",
         "Tan": lambda: f"math.tan({a})",
@@ -92,7 +97,7 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
         "Gelu": lambda: (f"({L(0.5)} * {a} * ({L(1)} + math.tanh({L(math.sqrt(2 / math.pi))} * "
                          f"({a} + {L(0.044715)} * {a} * {a} * {a}))))"
                          if attrs.get("approximate", "none") == "tanh" else
-                         f"({L(0.5)} * {a} * ({L(1)} + math.erf({a} * {L(1 / math.sqrt(2))})))"),
+                         f"({L(0.5)} * {a} * ({L(1)} + {erf}({a} * {L(1 / math.sqrt(2))})))"),
         "LeakyRelu": lambda: f"({a} if {a} >= {L(0)} else {a} * {L(attrs.get('alpha', 0.01))})",
         "Elu": lambda: f"({a} if {a} > {L(0)} else {L(attrs.get('alpha', 1.0))} * math.expm1({a}))",
         "Selu": lambda: (f"({L(attrs.get('gamma', 1.05070102214813232421875))} * ({a} if {a} > {L(0)} else "
@@ -260,92 +265,3 @@ SUPPORTED = {"Relu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Sin", "
              "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round",
              "Celu", "ThresholdedRelu", "Shrink", "IsNaN", "IsInf", "CastLike", "Xor", "Mod",
              "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"}
-
-
-# The fast-math flags of every generated kernel: LLVM's `fast` less `nnan` and `ninf`. Those two let
-# LLVM assume that no value is NaN or infinite, and attention masks are -inf: with them, a masked
-# Pad + Add kernel folded its -inf padding away and an ONNX attention case returned wrong values
-# (max error 0.2). Reassociation and contraction, which vectorising reductions and FMAs need, stay.
-FASTMATH = "{'afn', 'arcp', 'contract', 'nsz', 'reassoc'}"
-
-
-# numba has no vector exp here (no SVML): a scalar math.exp per element kept SiLU and sigmoid
-# kernels at ~0.5 G elements/s. This one (Cephes' range reduction and polynomial, as the softmax
-# kernels use; relative error ~1e-7) is inlined and vectorises; generated kernels that call it
-# get its definition from `template.source`.
-FAST_SIGMOID = [
-    "from modelc.kernels.reduce import f32_from_bits",
-    "",
-    f"@numba.njit(fastmath={FASTMATH}, inline='always')",
-    "def fast_sigmoid32(x):",
-    "    d = min(max(-x, np.float32(-87.0)), np.float32(87.0))",
-    "    t = np.floor(d * np.float32(1.4426950408889634) + np.float32(0.5))",
-    "    r = d - t * np.float32(0.693359375) + t * np.float32(2.12194440e-4)",
-    "    p = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)",
-    "    p = p * r + np.float32(8.3334519073e-3)",
-    "    p = p * r + np.float32(4.1665795894e-2)",
-    "    p = p * r + np.float32(1.6666665459e-1)",
-    "    p = p * r + np.float32(5.0000001201e-1)",
-    "    e = (p * r * r + r + np.float32(1.0)) * f32_from_bits(np.int32(t * np.float32(8388608.0) + np.float32(1065353216.0)))",
-    "    return np.float32(1.0) / (np.float32(1.0) + e)",
-]
-
-
-# Pow without fast-math (see `_pow`): LLVM keeps the call to libm's pow, which numba links.
-POW_EXACT = [
-    "",
-    "@numba.njit(fastmath=False)",
-    "def pow_exact(x, y):",
-    "    return x ** y",
-]
-
-# Remainders (see `_mod`), compiled without fast-math: `nsz` would lose the signed zeros numpy's
-# and C's remainders define. Not inlined by numba (inline='always' would lower them with the
-# kernel's flags); LLVM inlines them with their own instruction flags. error_model='numpy': a
-# zero divisor gives NaN (floats) or 0 (integers) instead of raising inside a cfunc.
-MOD_EXACT = [
-    "",
-    "@numba.njit(fastmath=False, error_model='numpy')",
-    "def mod_exact(x, y):",
-    "    return x % y",
-]
-FMOD_EXACT = [
-    "",
-    "@numba.njit(fastmath=False, error_model='numpy')",
-    "def fmod_exact(x, y):",
-    "    return np.fmod(x, y)",
-]
-# numba's np.fmod on integers rounds like `%` (fmod(-7, 2) gave 1): C's remainder from Python's
-FMOD_INT = [
-    "",
-    "@numba.njit(error_model='numpy')",
-    "def fmod_int(x, y):",
-    "    r = x % y",
-    "    if r != 0 and (r < 0) != (x < 0):",
-    "        r -= y",
-    "    return r",
-]
-# C's integer division (toward zero) from Python's floor division; a zero divisor gives 0
-DIV_INT = [
-    "",
-    "@numba.njit(error_model='numpy')",
-    "def div_int(x, y):",
-    "    q = x // y",
-    "    if (x % y != 0) and ((x < 0) != (y < 0)):",
-    "        q += 1",
-    "    return q",
-]
-FLOAT_BITS = ["from modelc.kernels.reduce import float_bits"]
-
-# helper name -> the lines defining it in a kernel module that calls it
-HELPERS = {"fast_sigmoid32": FAST_SIGMOID, "pow_exact": POW_EXACT, "mod_exact": MOD_EXACT,
-           "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "div_int": DIV_INT, "float_bits": FLOAT_BITS}
-
-
-def helpers(body: list) -> list:
-    """The definitions of the helpers that the kernel lines `body` call."""
-    out = []
-    for name, lines in HELPERS.items():
-        if any(f"{name}(" in ln for ln in body):
-            out += lines
-    return out

@@ -16,8 +16,9 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ModelcError
-from .expr import FASTMATH, ctor, emit, helpers, lit
-from .layout import offset
+from .expr import ctor, emit, lit
+from .intrinsics import FASTMATH, helpers
+from .layout import offset, uoffset
 from .space import Config, ConfigSpace
 from .workload import Workload
 
@@ -129,7 +130,7 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
         raise ModelcError(f"no generated kernel takes arrays of dtype {bad[0]} (kernels take "
                           f"{', '.join(sorted(_NB))})")
     sig = ", ".join(f"types.CPointer(types.{_NB[np.dtype(d).name]}), types.intp" for d in dtypes)
-    extra = [*extra, *helpers(body)]
+    extra = [*extra, *helpers(body, extra)]
     out = ["import math", "import numpy as np", "import numba", "from numba import carray, prange, types",
            "from modelc.kernels.launch import NoAliasCompiler",
            "from modelc.kernels.stack import stack_empty", *extra, "",
@@ -177,12 +178,16 @@ def broadcast_index(shape, out_shape, out_idx: list) -> list:
 
 
 def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtype,
-             start_ref: str, var: str = "e") -> tuple[list, str]:
+             start_ref: str, var: str = "e", unsigned: bool = False,
+             fast_erf: bool = False) -> tuple[list, str]:
     """Lines applying elementwise `ops` to `value` (the result `start_ref`) at `out_idx`.
 
     Operands are the running value, workload inputs (read from their own layout, broadcast
-    against the output index) and scalar constants (inlined as literals).
+    against the output index) and scalar constants (inlined as literals). `unsigned` reads the
+    inputs at `np.uintp` offsets (numba then skips its negative-index check, which can keep an
+    unrolled tile from vectorising); `fast_erf` is `emit`'s option.
     """
+    index = uoffset if unsigned else offset
     lines, names = [], {start_ref: value}
     kinds = {start_ref: _value_dtype(wl, start_ref, dtype)}   # the anchor's type (ArgMax: int64)
     for j, op in enumerate(ops):
@@ -206,11 +211,11 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
                 k = int(a[1:])
                 t = wl.inputs[k]
                 idx = broadcast_index(t.shape, out_shape, out_idx)
-                exprs.append(f"in{k}[{offset(t.shape, t.layout, idx)}]")
+                exprs.append(f"in{k}[{index(t.shape, t.layout, idx)}]")
             else:
                 raise ModelcError(f"epilogue operand {a} is not available")
         name = f"{var}{j}"
-        lines.append(f"{name} = {emit(op.op, exprs, op.attrs, op_dt, consts, dts)}")
+        lines.append(f"{name} = {emit(op.op, exprs, op.attrs, op_dt, consts, dts, fast_erf=fast_erf)}")
         names[f"v{op.index}"] = name
         kinds[f"v{op.index}"] = op_dt
     return lines, names.get(f"v{ops[-1].index}", value) if ops else value
