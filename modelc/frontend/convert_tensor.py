@@ -12,7 +12,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ..errors import ModelcError, ShapeError, UnsupportedOpError
-from ..ops.tensor import onnx_dtype
+from ..ops.cast import onnx_dtype
 from .converters import converter, passthrough
 
 

@@ -75,8 +75,10 @@ def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
 
 # ---- Einsum ----------------------------------------------------------------------------------
 
-def _einsum_terms(equation: str, shapes: list) -> tuple[list, str]:
-    """Explicit input terms (ellipses expanded to fresh upper-case letters) and the output term."""
+def einsum_terms(equation: str, shapes: list) -> tuple[list, str]:
+    """Explicit input terms (ellipses expanded to fresh upper-case letters) and the output term.
+
+    Shared with passes/einsum.py, which rewrites two-operand Einsums into MatMuls from these terms."""
     eq = equation.replace(" ", "")
     lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")
@@ -108,7 +110,7 @@ def _einsum_terms(equation: str, shapes: list) -> tuple[list, str]:
 
 
 def _einsum_infer(*ins, equation):
-    terms, out = _einsum_terms(equation, [t.shape for t in ins])
+    terms, out = einsum_terms(equation, [t.shape for t in ins])
     sizes: dict = {}
     for t, x in zip(terms, ins):
         for ch, d in zip(t, x.shape):
@@ -122,7 +124,7 @@ def _einsum_infer(*ins, equation):
 
 @register("Einsum", Kind.OPAQUE, infer=_einsum_infer)
 def einsum(*ins, equation):
-    terms, out = _einsum_terms(equation, [x.shape for x in ins])
+    terms, out = einsum_terms(equation, [x.shape for x in ins])
     wt = _work_dtype(ins[0].dtype)
     expr = ",".join(terms) + "->" + out
     y = np.einsum(expr, *[x.astype(wt, copy=False) for x in ins], optimize=len(ins) > 2)

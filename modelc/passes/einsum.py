@@ -13,12 +13,12 @@ import math
 import numpy as np
 
 from ..ir import Graph, Node
-from ..ops.linalg import _einsum_terms
+from ..ops.linalg import einsum_terms
 
 
 def _plan(equation: str, a_shape, b_shape):
     try:
-        (ta, tb), out = _einsum_terms(equation, [a_shape, b_shape])
+        (ta, tb), out = einsum_terms(equation, [a_shape, b_shape])
     except ValueError:
         return None
     if len(set(ta)) != len(ta) or len(set(tb)) != len(tb) or len(set(out)) != len(out):
