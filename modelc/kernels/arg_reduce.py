@@ -11,8 +11,8 @@ import numpy as np
 
 from .expr import ctor, lit
 from .pool import chain_ok
-from .reduce import (axis_index, column_blocks, column_tasks, default_rows, define_row_or_column, finish, knob_values,
-                     store, tasks_loop)
+from .rows import (axis_index, column_blocks, column_tasks, default_row_or_column, define_row_or_column, finish,
+                   store, tasks_loop)
 from .space import ConfigSpace
 from .template import INT_OR_FLOAT, Kernel, Template, plain_anchor_input, register
 from .workload import Workload
@@ -68,12 +68,7 @@ class ArgReduce(Template):
 
     def default_config(self, wl: Workload, space: ConfigSpace):
         shape, ax, outer, L, inner = _arg_geometry(wl)
-        vals, rows = {}, outer
-        if inner > 1:
-            vals["vector_width"] = w = min(space.knobs[0].values, key=lambda w: abs(w - 64))
-            rows = outer * -(-inner // w)
-        vals.update(default_rows(rows, outer * L * inner, knob_values(space, "rows_per_task")))
-        return space.from_values(vals)
+        return space.from_values(default_row_or_column(space, outer, inner, outer * L * inner))
 
     def build(self, wl: Workload, cfg) -> Kernel:
         shape, ax, outer, L, inner = _arg_geometry(wl)

@@ -73,7 +73,7 @@ TAG_ENV = "MODELC_KERNEL_TAG"   # set for worker processes: they file kernels as
 
 def worker_env(**extra) -> dict:
     return dict(os.environ, **{TAG_ENV: target_tag()}, **extra)
-_HELPER_MODULES = ("launch.py", "stack.py", "reduce.py")     # imported by generated kernels
+_HELPER_MODULES = ("launch.py", "stack.py", "intrinsics.py")     # the code generated kernels import
 
 
 def file_name(source: str) -> str:

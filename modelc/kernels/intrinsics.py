@@ -24,6 +24,15 @@ FASTMATH = "{'afn', 'arcp', 'contract', 'nsz', 'reassoc'}"
 
 # ---- intrinsics (imported by generated modules) ---------------------------------------------------
 
+# The module generated kernels import the intrinsics from (it re-exports them).
+MODULE = "modelc.kernels.reduce"
+
+
+def imports(*names: str) -> str:
+    """The import line of a generated module that calls the intrinsics `names`."""
+    return f"from {MODULE} import {', '.join(names)}"
+
+
 @intrinsic
 def f32_from_bits(typingctx, bits):
     """The float32 whose IEEE bits are the int32 `bits` (vectorisable: a bitcast)."""
@@ -115,7 +124,7 @@ def exp_lines(dst: str, src: str, dtype, var: str) -> list:
 # A scalar math.exp per element kept SiLU and sigmoid kernels at ~0.5 G elements/s; this sigmoid
 # (the exp polynomial, inlined) vectorises.
 FAST_SIGMOID = [
-    "from modelc.kernels.reduce import f32_from_bits",
+    imports("f32_from_bits"),
     "",
     f"@numba.njit(fastmath={FASTMATH}, inline='always')",
     "def fast_sigmoid32(x):",
@@ -193,7 +202,7 @@ DIV_INT = [
     "        q += 1",
     "    return q",
 ]
-FLOAT_BITS = ["from modelc.kernels.reduce import float_bits"]
+FLOAT_BITS = [imports("float_bits")]
 
 # helper name -> the lines defining it in a kernel module that calls it
 HELPERS = {"fast_erf": FAST_ERF, "fast_sigmoid32": FAST_SIGMOID, "pow_exact": POW_EXACT,

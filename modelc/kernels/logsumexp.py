@@ -15,7 +15,7 @@ import numpy as np
 
 from .expr import ctor
 from .pool import chain_ok
-from .reduce import default_rows, define_rows, finish, knob_values, store
+from .rows import default_rows, define_rows, finish, knob_values, store
 from .space import ConfigSpace
 from .template import Kernel, Template, register
 from .workload import Workload

@@ -14,7 +14,7 @@ import numpy as np
 
 from .expr import lit
 from .pool import chain_ok
-from .reduce import _plain_float, default_rows, define_rows, finish, knob_values, store, tasks_loop, unflatten
+from .rows import default_rows, define_rows, finish, knob_values, plain_float, store, tasks_loop, unflatten
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue_inputs, register
 from .workload import Workload
@@ -33,7 +33,7 @@ class LRN(Template):
         a = wl.anchor
         if a.op != "LRN" or not a.args[0].startswith("i") or len(wl.spec(a.args[0]).shape) < 2:
             return False
-        return _plain_float(wl, a.args[0]) and chain_ok(wl)
+        return plain_float(wl, a.args[0]) and chain_ok(wl)
 
     def space(self, wl: Workload) -> ConfigSpace:
         sp = ConfigSpace()

@@ -18,7 +18,7 @@ import numpy as np
 from ..ops.nn import _geometry
 from .expr import ctor, lit
 from .pool import chain_ok
-from .reduce import default_rows, define_rows, knob_values, store
+from .rows import default_rows, define_rows, knob_values, store
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue_inputs, register, source
 from .workload import Workload

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .pool import chain_ok
-from .reduce import axis_index, default_rows, define_rows, finish, knob_values, store
+from .rows import axis_index, default_rows, define_rows, finish, knob_values, store
 from .space import ConfigSpace
 from .template import INT_OR_FLOAT, Kernel, Template, plain_anchor_input, register
 from .workload import Workload

@@ -4,7 +4,7 @@ from . import dense, matmul  # noqa: F401
 from . import depthwise  # noqa: F401
 from . import conv_generic  # noqa: F401  (after conv2d and depthwise)
 from . import pool, pool_nd  # noqa: F401
-from . import reduce, arg_reduce, scan, select, logsumexp  # noqa: F401
+from . import softmax, layernorm, reduce, arg_reduce, scan, select, logsumexp  # noqa: F401
 from . import lrn  # noqa: F401
 from . import scatter  # noqa: F401
 from . import injective  # noqa: F401,E402  (after the specialised templates)
