@@ -1,6 +1,5 @@
 """Frontend: import, input binding, and the errors a user can cause."""
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 

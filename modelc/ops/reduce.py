@@ -80,14 +80,14 @@ def _ident(v):
 
 def _lowest(dtype):
     dtype = np.dtype(dtype)
-    if dtype == bool:
+    if dtype.kind == "b":
         return False
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
 def _highest(dtype):
     dtype = np.dtype(dtype)
-    if dtype == bool:
+    if dtype.kind == "b":
         return True
     return np.inf if dtype.kind == "f" else np.iinfo(dtype).max
 

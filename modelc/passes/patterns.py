@@ -62,7 +62,8 @@ def _match_layernorm(graph: Graph, r1: Node):
     if sqrt is None or sqrt.op_type != "Sqrt":
         return
     div = only_consumer(graph, sqrt.outputs[0])
-    if div is None or div.op_type != "Div" or div.inputs != [d, sqrt.outputs[0]] or div.name not in {u.name for u in users}:
+    if div is None or div.op_type != "Div" or div.inputs != [d, sqrt.outputs[0]] or \
+            div.name not in {u.name for u in users}:
         return
     last, gamma, beta = div, None, None
     norm_shape = graph.tensors[x].shape[axes[0]:]
