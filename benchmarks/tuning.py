@@ -21,8 +21,7 @@ import models
 import modelc
 from modelc.tune import records as R
 from modelc.tune.measure import Measurer
-from modelc.tune.tuner import TUNERS
-from modelc.tune.tuning import tune, tuning_tasks
+from modelc.tune.tuning import TUNERS, tune, tuning_tasks
 
 
 def latency_ms(mods, x, rounds=30):
@@ -96,7 +95,7 @@ def main(argv=None):
           f"round-robin {rr.objective_value() * 1e3:.3f} ms "
           f"(gradient/round-robin {grad.objective_value() / rr.objective_value():.3f})", flush=True)
 
-    conv = max((t for t in tasks if t.template.name == "conv2d"), key=lambda t: t.weight * t.flops)
+    conv = max((t for t in tasks if t.template == "conv2d"), key=lambda t: t.weight * t.flops)
     rnd = search(conv, "random", 200, os.path.join(args.out, "conv_random.jsonl"), target)
     xgb = search(conv, "xgb", 200, os.path.join(args.out, "conv_xgb.jsonl"), target, stop_at=rnd[-1])
     match = next((i + 1 for i, c in enumerate(xgb) if c <= rnd[-1]), None)

@@ -18,12 +18,10 @@ from onnx import TensorProto, helper
 import modelc
 from modelc.kernels.space import ConfigSpace
 from modelc.kernels.template import Kernel, Template, register, source
-from modelc.kernels.workload import Workload
 from modelc.tune import records as R
 from modelc.tune.measure import MeasureOptions, Measurer
 from modelc.tune.records import ApplyHistoryBest, Record, RecordWriter, best_by_key, load_records
-from modelc.extract import workload_key
-from modelc.tune.tuning import TuningTask
+from modelc.extract import Task, workload_key
 
 # ---- a template whose one knob picks how its candidate fails ---------------------------------
 
@@ -88,8 +86,8 @@ def _workload_json() -> str:
 
 def _task(tpl=None):
     workload = json.loads(_workload_json())
-    wl, tpl = Workload(workload), tpl or FaultyRelu()
-    return TuningTask(workload_key(workload), "relu 1x7x3 [faulty]", 1, 21, workload, wl, tpl, tpl.space(wl))
+    tpl = tpl or FaultyRelu()
+    return Task(workload_key(workload), "relu 1x7x3 [faulty]", tpl.name, workload, 1, 21)
 
 
 def _options():

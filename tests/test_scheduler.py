@@ -2,21 +2,17 @@
 import io
 import math
 import random
-from dataclasses import dataclass
-
 import pytest
 
+from modelc.extract import Task
 from modelc.tune.scheduler import PrintTableCallback, TaskScheduler
 
 MS = 1e-3
 
 
-@dataclass
-class FakeTask:
-    desc: str
-    weight: int = 1
-    flops: float = 1e8
-    key: str = ""
+def fake_task(desc, weight=1, flops=1e8, key=""):
+    """A task of no real workload: the scheduler reads only its weight, FLOPs and description."""
+    return Task(key, desc, "synthetic", {}, weight, flops)
 
 
 def curve(a, b, noise=0.0, seed=0, fail_first=0):
@@ -46,7 +42,7 @@ class Runner:
 
 
 def tasks_of(n, **kw):
-    return [FakeTask(desc=f"pattern{i} 1x{i}", key=f"k{i}", **kw) for i in range(n)]
+    return [fake_task(desc=f"pattern{i} 1x{i}", key=f"k{i}", **kw) for i in range(n)]
 
 
 def run(tasks, curves, n_trials, tpr=8, space=None, history=None, **kw):
@@ -181,7 +177,7 @@ def test_gradient_beats_round_robin_on_mixed_tasks(n_trials):
         (6, 0.5 * MS, 20 * MS, 0.1), (1, 4 * MS, 1 * MS, 0.05), (3, 1 * MS, 8 * MS, 0.1),
         (1, 0.2 * MS, 0.4 * MS, 0.0), (2, 2 * MS, 0.0, 0.2), (4, 0.3 * MS, 30 * MS, 0.1),
         (1, 1 * MS, 2 * MS, 0.1), (2, 0.8 * MS, 6 * MS, 0.05)]
-    tasks = [FakeTask(desc=f"op{i} 1x{i}", weight=w, flops=1e8, key=str(i))
+    tasks = [fake_task(desc=f"op{i} 1x{i}", weight=w, flops=1e8, key=str(i))
              for i, (w, *_) in enumerate(spec)]
     floor = sum(w * a for w, a, _, _ in spec)               # the objective no schedule goes below
     excess = {}
@@ -206,8 +202,8 @@ def test_failed_measurements_are_inf_and_counted():
 
 
 def test_forward_gradient_uses_similar_tasks():
-    sched = TaskScheduler([FakeTask("conv2d a", flops=1e9), FakeTask("conv2d b", flops=1e9),
-                           FakeTask("dense c", flops=1e9)])
+    sched = TaskScheduler([fake_task("conv2d a", flops=1e9), fake_task("conv2d b", flops=1e9),
+                           fake_task("dense c", flops=1e9)])
     sched.best_costs = [1 * MS, 10 * MS, 10 * MS]
     sched.task_rounds = [10, 10, 10]
     # task 1 could be 5x faster than now (half its sibling's speed); task 2 has no sibling
@@ -233,7 +229,7 @@ def test_backward_gradient_and_chain_rule():
 
 def test_dissimilar_task_leaves_its_group():
     curves = [curve(1 * MS, 0), curve(20 * MS, 1 * MS)]
-    tasks = [FakeTask("conv2d a", weight=1), FakeTask("conv2d b", weight=5)]
+    tasks = [fake_task("conv2d a", weight=1), fake_task("conv2d b", weight=5)]
     sched, _ = run(tasks, curves, 200)
     assert sched.groups[1] is None and sched.groups[0] == "conv2d"
 
@@ -241,7 +237,7 @@ def test_dissimilar_task_leaves_its_group():
 def test_callbacks_and_round_log():
     out = io.StringIO()
     calls = []
-    tasks = [FakeTask("conv2d_bias_relu 1x3x224x224 k64 7x7 s2 p3", weight=1, flops=2.36e8)] + tasks_of(2)
+    tasks = [fake_task("conv2d_bias_relu 1x3x224x224 k64 7x7 s2 p3", weight=1, flops=2.36e8)] + tasks_of(2)
     cb = PrintTableCallback(every=2, file=out)
     sched, runner = run(tasks, [curve(1 * MS, 1 * MS)] * 3, 40,
                         callbacks=[cb, lambda s: calls.append(s.total_trials)])
@@ -272,8 +268,8 @@ def test_a_workloads_slower_algorithm_gets_no_rounds():
     """Two tasks of one workload (direct and Winograd, say): compile keeps the faster, so the
     objective counts only it and the slower algorithm is not tuned after the warm-up."""
     from modelc.tune.tuning import best_of_alternatives
-    tasks = [FakeTask("conv 1x64", key="a"), FakeTask("conv 1x64 [winograd]", key="a"),
-             FakeTask("dense 1x512", key="b")]
+    tasks = [fake_task("conv 1x64", key="a"), fake_task("conv 1x64 [winograd]", key="a"),
+             fake_task("dense 1x512", key="b")]
     objective = best_of_alternatives(tasks)
     assert objective([3.0, 1.0, 2.0]) == 3.0 and best_of_alternatives(tasks[1:]) is None
     curves = [curve(4 * MS, 20 * MS), curve(1 * MS, 5 * MS), curve(1 * MS, 5 * MS)]
@@ -284,10 +280,9 @@ def test_a_workloads_slower_algorithm_gets_no_rounds():
 
 
 def test_similar_tasks_are_split_by_algorithm():
-    from types import SimpleNamespace as NS
     from modelc.tune.tuning import similarity_groups
-    tasks = [NS(desc="conv2d_bias_relu 1x64", template=NS(name="conv2d")),
-             NS(desc="conv2d_bias_relu 1x64 [winograd]", template=NS(name="conv2d_winograd")),
-             NS(desc="conv2d_bias_relu 1x3", template=NS(name="conv2d"))]
+    tasks = [Task("", "conv2d_bias_relu 1x64", "conv2d", {}),
+             Task("", "conv2d_bias_relu 1x64 [winograd]", "conv2d_winograd", {}),
+             Task("", "conv2d_bias_relu 1x3", "conv2d", {})]
     groups = similarity_groups(tasks)
     assert groups[0] == groups[2] != groups[1]

@@ -7,13 +7,16 @@ import numpy as np
 import pytest
 
 from modelc.errors import ModelcError
+from modelc.extract import Task
 from modelc.kernels import template as registry
 from modelc.kernels import templates  # noqa: F401  (registers the templates)
 from modelc.kernels.space import ConfigSpace
 from modelc.kernels.workload import Workload
 from modelc.tune.cost_model import XGBCostModel
 from modelc.tune.features import KNOB_WIDTH, MAX_KNOBS, N_FEATURES, WL_LEN, config_features
-from modelc.tune.tuner import TUNERS, GridSearchTuner, RandomTuner, XGBTuner
+from modelc.tune.index_based_tuner import GridSearchTuner, RandomTuner
+from modelc.tune.tuning import TUNERS
+from modelc.tune.xgb_tuner import XGBTuner
 
 SEEDS = (0, 1, 2)
 
@@ -49,9 +52,9 @@ def synthetic_space(large=True):
 
 
 def synthetic_task(key="A", large=True, c=64):
-    return SimpleNamespace(key=key, template=SimpleNamespace(name="synthetic"),
-                           wl=Workload(conv_workload(c, c)), space=synthetic_space(large),
-                           flops=2e8 * c / 64)
+    task = Task(key, "synthetic", "synthetic", conv_workload(c, c), flops=2e8 * c / 64)
+    task.tpl, task.space = SimpleNamespace(name="synthetic"), synthetic_space(large)   # not registered
+    return task
 
 
 def latency(values, rng, shift=0.0):
@@ -227,8 +230,7 @@ def test_xgb_on_a_real_conv2d_space_warm_started_from_log_like_records():
         wl = conv_workload(c, c, hw, stride)
         w = Workload(wl)
         tpl = registry.select(w)
-        return SimpleNamespace(key=f"conv{c}x{hw}", template=tpl, wl=w, space=tpl.space(w),
-                               flops=2 * 9 * c * c * hw * hw / stride ** 2, workload=wl)
+        return Task(f"conv{c}x{hw}", "", tpl.name, wl, flops=2 * 9 * c * c * hw * hw / stride ** 2)
 
     def cost(values, rng):          # the best tiles use ~16 accumulators
         vecs = values["tile_ow"] * values["tile_oc_blocks"] * values["tile_oh"]
@@ -237,10 +239,10 @@ def test_xgb_on_a_real_conv2d_space_warm_started_from_log_like_records():
 
     other, task = task_of(64, 56), task_of(128, 28)
     rng = np.random.default_rng(5)
-    records = [({"key": other.key, "template": "conv2d", "workload": other.workload, "flops": other.flops},
+    records = [(Task(other.key, "", "conv2d", other.workload, flops=other.flops),
                 other.space.get(i).values, cost(other.space.get(i).values, rng))
                for i in range(0, len(other.space), 3) if other.space.is_valid(other.space.get(i))]
-    records.append(({"key": "x", "template": "dense", "workload": {}}, {}, 1.0))   # other template
+    records.append((Task("x", "", "dense", {}), {}, 1.0))   # other template
     tuner = XGBTuner(task, seed=0)
     assert tuner.load_history(records) == len(records) - 1
     costs = tune(tuner, 8, cost=cost)

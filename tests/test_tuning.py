@@ -100,8 +100,8 @@ def test_a_beaten_default_is_measured_again_so_one_bad_timing_cannot_lose_it(tmp
 
     model, log = str(tmp_path / "tiny.onnx"), str(tmp_path / "tiny.jsonl")
     _tiny(model)
-    tasks = [t for t in tuning.tuning_tasks(model) if t.template.name == "conv2d"]
-    defaults = {t.key: t.template.default_config(t.wl, t.space).index for t in tasks}
+    tasks = [t for t in tuning.tuning_tasks(model) if t.template == "conv2d"]
+    defaults = {t.key: t.tpl.default_config(t.wl, t.space).index for t in tasks}
     timed = []
 
     class DisturbedMeasurer:
@@ -117,7 +117,7 @@ def test_a_beaten_default_is_measured_again_so_one_bad_timing_cannot_lose_it(tmp
                     cost = 2e-3 if first else 1e-3
                 else:
                     cost = 1.5e-3 + c.index * 1e-9
-                out.append(R.Record(task.key, task.desc, task.template.name, c.values, [cost], R.NO_ERROR,
+                out.append(R.Record(task.key, task.desc, task.template, c.values, [cost], R.NO_ERROR,
                                     "", target, task.workload, time.time()))
             return out
 
@@ -130,5 +130,5 @@ def test_a_beaten_default_is_measured_again_so_one_bad_timing_cannot_lose_it(tmp
     assert len(recs) == 16                                     # the recheck is inside the budget
     best = R.best_by_key(recs, R.current_target())
     for t in tasks:
-        assert t.space.from_values(best[(t.key, t.template.name)].config).index == defaults[t.key]
+        assert t.space.from_values(best[(t.key, t.template)].config).index == defaults[t.key]
     assert max(timed.count(k) for k in set(timed)) == 2          # measured again once, not more

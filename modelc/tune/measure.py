@@ -151,15 +151,15 @@ class Measurer:
         self.runner = Worker()
 
     def measure(self, task, configs: list, target: dict) -> list:
-        """Records (one per config) for candidates of `task` (has .key, .desc, .template, .workload).
+        """Records (one per config) for candidates of a Task.
 
         A build that does not answer within `build_timeout` is BUILD_TIMEOUT, a run past
         `run_timeout` RUN_TIMEOUT; a builder that dies (an LLVM abort) is COMPILE_ERROR, a runner
         that dies (a kernel's stray write) RUNTIME_ERROR, each naming the signal; the worker is
         killed if need be and a new one started for the next candidate.
         """
-        module = type(task.template).__module__
-        reqs = [{"op": "build", "key": task.key, "workload": task.workload, "template": task.template.name,
+        module = type(task.tpl).__module__
+        reqs = [{"op": "build", "key": task.key, "workload": task.workload, "template": task.template,
                  "module": module, "config": c.values} for c in configs]
         built: list = [None] * len(reqs)
         raised: list = []
@@ -191,7 +191,7 @@ class Measurer:
                 res, failure = self.runner.call(run, self.opt.run_timeout)
                 if res is None:
                     res = _failure("run", failure, self.opt.run_timeout, R.RUN_TIMEOUT, R.RUNTIME_ERROR)
-            out.append(R.Record(task.key, task.desc, task.template.name, req["config"],
+            out.append(R.Record(task.key, task.desc, task.template, req["config"],
                                 res.get("costs", []) if res["error"] == R.NO_ERROR else [], res["error"],
                                 res.get("msg", ""), target, task.workload, time.time()))
         return out

@@ -41,7 +41,7 @@ def _latency(x) -> float:
 class TaskScheduler:
     """Allocates a trial budget across tasks, one round of `trials_per_round` trials at a time.
 
-    tasks: objects with .weight (occurrences), .flops (per occurrence), .desc and .key.
+    tasks: `extract.Task`s; the scheduler reads .weight (occurrences), .flops (per occurrence), .desc.
     strategy: "gradient" (Ansor) or "round-robin" (baseline).
     objective: callable(best_costs) -> float to minimise; default sum(weight_i * best_i).
     similarity: a group id per task (None: no group); tasks of one group bound each other's

@@ -9,44 +9,47 @@ before the next round starts.
 from __future__ import annotations
 
 import contextlib
-import functools
+import dataclasses
 import json
 import sys
 import time
-from dataclasses import dataclass, field
 
-from ..kernels import templates as _templates  # noqa: F401
-from ..kernels.space import ConfigSpace
-from ..kernels.template import Template
-from ..kernels.template import get as get_template
-from ..kernels.workload import Workload
+from ..errors import ModelcError
+from ..extract import Task, extract_tasks, workload_flops
 from . import records as R
+from .ga_tuner import GATuner
+from .index_based_tuner import GridSearchTuner, RandomTuner
 from .measure import MeasureOptions, Measurer
+from .scheduler import PrintTableCallback, TaskScheduler
+from .xgb_tuner import XGBTuner
+
+TUNERS = {"random": RandomTuner, "grid": GridSearchTuner, "ga": GATuner, "xgb": XGBTuner}
 
 
-@dataclass
-class TuningTask:
-    key: str
-    desc: str
-    weight: int
-    flops: int
-    workload: dict = field(repr=False)
-    wl: Workload = field(repr=False)
-    template: Template = field(repr=False)
-    space: ConfigSpace = field(repr=False)
-
-
-def tuning_tasks(model, shape: dict | None = None) -> list:
+def tuning_tasks(model, shape: dict | None = None) -> list[Task]:
     """The model's tasks: one per tunable workload and algorithm (template) that can run it."""
-    from ..extract import extract_tasks
     out = []
     for t in extract_tasks(model, shape):
-        wl = Workload(t.workload)
         for name in ([t.template] if t.tunable else []) + t.alternatives:
-            tpl = get_template(name)
             desc = t.desc if name == t.template else f"{t.desc} [{name.split('_')[-1]}]"
-            out.append(TuningTask(t.key, desc, t.weight, t.flops, t.workload, wl, tpl, tpl.space(wl)))
+            out.append(dataclasses.replace(t, desc=desc, template=name, tunable=True, alternatives=[]))
     return out
+
+
+def logged_tasks(records: list) -> dict:
+    """A Task per (workload key, template) of a log, for the tuners' warm start: every tuner reads
+    every record, so what derives from a workload is worked out once per logged task. A workload
+    this version cannot rebuild is left out (its records teach nothing)."""
+    out: dict = {}
+    for r in records:
+        k = (r.key, r.template)
+        if r.workload is None or k in out:
+            continue
+        try:
+            out[k] = Task(r.key, r.desc, r.template, r.workload, r.weight, workload_flops(r.workload))
+        except Exception:
+            out[k] = None
+    return {k: t for k, t in out.items() if t is not None}
 
 
 def similarity_groups(tasks: list) -> list:
@@ -54,7 +57,7 @@ def similarity_groups(tasks: list) -> list:
     FLOP/s counts the direct conv's FLOPs, so in one group with direct convs it promised them a
     speed they cannot reach, and the scheduler spent its rounds on them (seen: 52 of 300 trials
     on ResNet-18's stem conv, whose default was already its best)."""
-    return [f"{(t.desc.split() or [''])[0]}/{t.template.name}" for t in tasks]
+    return [f"{(t.desc.split() or [''])[0]}/{t.template}" for t in tasks]
 
 
 def best_of_alternatives(tasks: list):
@@ -104,15 +107,12 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
     verbose: 0 quiet, 1 progress bar and per-round table, 2 also every measurement error.
     Returns the scheduler (best latencies, trials per task, the round log).
     """
-    from .scheduler import PrintTableCallback, TaskScheduler
-    from .tuner import TUNERS
     if tuner not in TUNERS:
-        from ..errors import ModelcError
         raise ModelcError(f"unknown tuner {tuner!r}; choose from {sorted(TUNERS)}")
     tasks = tasks if tasks is not None else tuning_tasks(model, shape)
     target = R.current_target()
     prior = [r for r in R.load_records(log) if R.same_target(r.target, target)]
-    by_task = {(t.key, t.template.name): i for i, t in enumerate(tasks)}
+    by_task = {(t.key, t.template): i for i, t in enumerate(tasks)}
     history: dict = {}
     seen: set = set()
     recheck: list[list] = [[] for _ in tasks]           # configs to measure once more
@@ -127,12 +127,11 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
                     rechecked[i].add(tasks[i].space.from_values(r.config).index)
             seen.add(cfg)
     tuners = [TUNERS[tuner](t, seed=seed + i) for i, t in enumerate(tasks)]
-    defaults = [t.template.default_config(t.wl, t.space) for t in tasks]
+    defaults = [t.tpl.default_config(t.wl, t.space) for t in tasks]
     for tn, d in zip(tuners, defaults):
         tn.prefer([d])
-    rtasks: dict = {}
-    warm = [(rtasks.setdefault((r.key, r.template), _RecordTask(r)), r.config, r.cost) for r in prior
-            if r.workload is not None]
+    logged = logged_tasks(prior)
+    warm = [(logged[(r.key, r.template)], r.config, r.cost) for r in prior if (r.key, r.template) in logged]
     for tn in tuners:
         tn.load_history(warm)
 
@@ -192,30 +191,3 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
         print(f"tuning finished: {sched.total_trials} trials in {time.time() - t0:.0f} s, estimated total "
               f"latency {sched.objective_value() * 1e3:.3f} ms; log: {log}", file=sys.stderr)
     return sched
-
-
-class _RecordTask:
-    """What a tuner's warm start needs to know about the task a logged record belongs to.
-
-    Every tuner reads every logged record at start-up, so what is derived from the workload
-    (template, space, FLOPs) is computed once per logged task, not once per read.
-    """
-
-    def __init__(self, rec: R.Record):
-        self.key = rec.key
-        self.workload = rec.workload
-        self.wl = Workload(rec.workload)
-        self.template_name = rec.template
-
-    @functools.cached_property
-    def template(self):
-        return get_template(self.template_name)
-
-    @functools.cached_property
-    def space(self):
-        return self.template.space(self.wl)
-
-    @functools.cached_property
-    def flops(self):
-        from ..extract import workload_flops
-        return workload_flops(self.workload)
