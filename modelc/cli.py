@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from . import logs
 from .errors import ModelcError
 from .resolve import resolve_model
 
@@ -307,11 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        status = args.fn(args)
-    except ModelcError as e:
-        print(f"modelc: error: {e}", file=sys.stderr)
-        return 2
+    with logs.to_stderr() as log:
+        try:
+            status = args.fn(args)
+        except ModelcError as e:
+            log.error("modelc: error: %s", e)
+            return 2
     return int(status or 0)
 
 

@@ -10,8 +10,6 @@ K seeded inputs. The exit status is 1 when any module disagrees beyond the toler
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import statistics
@@ -75,11 +73,9 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
     modules = {"modelc (untuned)": untuned}
     summary = ""
     if log:
-        buf = io.StringIO()
-        with ApplyHistoryBest(log) as ctx, contextlib.redirect_stderr(buf):
+        with ApplyHistoryBest(log) as ctx:
             modules["modelc (tuned)"] = modelc.compile(graph)
-        summary = buf.getvalue().strip()
-        del ctx
+        summary = ctx.summary
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -177,12 +173,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m modelc.compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
+    from . import logs
     from .errors import ModelcError
-    try:
-        return run(p.parse_args(argv))
-    except ModelcError as e:
-        print(f"modelc compare: error: {e}", file=sys.stderr)
-        return 2
+    with logs.to_stderr() as log:
+        try:
+            return run(p.parse_args(argv))
+        except ModelcError as e:
+            log.error("modelc compare: error: %s", e)
+            return 2
 
 
 if __name__ == "__main__":

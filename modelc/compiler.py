@@ -1,8 +1,6 @@
 """`modelc.compile`: the pipeline from an ONNX model to an executable Module, top to bottom."""
 from __future__ import annotations
 
-import sys
-
 from .extract import describe, workload_key, workload_of
 from .frontend import from_onnx
 from .ir import Graph
@@ -49,7 +47,7 @@ def build_program(fused: Graph) -> tuple[dict, dict]:
                "tensors": tensors, "steps": steps}
     consts = {n: fused.tensors[n].value for n, t in tensors.items() if t["const"]}
     if ctx is not None:
-        ctx.report([s for s in steps if get_tunable(s)], file=sys.stderr)
+        ctx.report([s for s in steps if get_tunable(s)])
     return program, consts
 
 

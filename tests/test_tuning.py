@@ -66,12 +66,13 @@ def test_killed_run_keeps_records_and_resume_reaches_the_budget(tuned):
     assert len(winograd) == 1 and len({r.key for r in after}) == 2
 
 
-def test_apply_history_best_uses_the_best_records(tuned, capsys):
+def test_apply_history_best_uses_the_best_records(tuned, caplog):
     model, log, _ = tuned
     best = R.best_by_key(R.load_records(log, warn=False), R.current_target())
+    caplog.set_level("INFO", logger="modelc")
     with modelc.ApplyHistoryBest(log):
         mod = modelc.compile(model)
-    assert "2 of 2 tunable workloads tuned" in capsys.readouterr().err
+    assert "2 of 2 tunable workloads tuned" in caplog.text
     used = {(s["key"], s["template"]): s["config"] for s in mod.program["steps"] if s["config"] is not None}
     fastest = {}                      # per workload, the fastest record of any algorithm
     for (key, _), r in best.items():

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
-import sys
 import warnings
 from dataclasses import dataclass, field
 
@@ -23,6 +23,8 @@ from ..target import Target
 from ..validate import check_config, check_record
 from ..version import VERSION
 from . import dispatch
+
+logger = logging.getLogger(__name__)
 
 RECORD_VERSION = 1
 
@@ -225,6 +227,7 @@ class ApplyHistoryBest:
         self.best = best_by_key(recs, None if any_target else self.target)
         self.hits: list = []
         self.misses: list = []
+        self.summary = ""
 
     def query(self, key: str, template: str):
         rec = self.best.get((key, template))
@@ -238,7 +241,9 @@ class ApplyHistoryBest:
         rec = min(recs, key=lambda r: r.cost)
         return rec.template, rec.config
 
-    def report(self, steps: list, file=sys.stderr):
+    def report(self, steps: list):
+        """Which of a module's tunable steps found a record (`hits`, `misses`), and one line that
+        says so (`summary`, also logged): the user learns which workloads run untuned."""
         tuned = [s for s in steps if (s["key"], s["template"]) in self.best]
         missed = [s for s in steps if (s["key"], s["template"]) not in self.best]
         self.hits, self.misses = tuned, missed
@@ -247,7 +252,8 @@ class ApplyHistoryBest:
                f"{len({s['key'] for s in steps})} tunable workloads tuned"
         if uniq:
             line += f"; untuned (default config): {'; '.join(uniq[:8])}" + (" ..." if len(uniq) > 8 else "")
-        print(line, file=file)
+        self.summary = line
+        logger.info(line)
 
     def __enter__(self):
         dispatch.push(self)

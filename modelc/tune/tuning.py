@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import sys
 import time
 
@@ -22,6 +23,8 @@ from .index_based_tuner import GridSearchTuner, RandomTuner
 from .measure import MeasureOptions, Measurer
 from .scheduler import PrintTableCallback, TaskScheduler
 from .xgb_tuner import XGBTuner
+
+logger = logging.getLogger(__name__)
 
 TUNERS = {"random": RandomTuner, "grid": GridSearchTuner, "ga": GATuner, "xgb": XGBTuner}
 
@@ -146,7 +149,7 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
             rec.weight = tasks[i].weight
             writer.write(rec)
             if verbose >= 2 and rec.error:
-                print(f"[{tasks[i].desc}] {R.ERROR_NAMES[rec.error]}: {rec.error_msg}", file=sys.stderr)
+                logger.info("[%s] %s: %s", tasks[i].desc, R.ERROR_NAMES[rec.error], rec.error_msg)
         costs = [rec.cost for rec in recs]
         tuners[i].update(configs, costs)
         return costs
@@ -188,6 +191,6 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
         writer.close()
         measurer.close()
     if verbose >= 1:
-        print(f"tuning finished: {sched.total_trials} trials in {time.time() - t0:.0f} s, estimated total "
-              f"latency {sched.objective_value() * 1e3:.3f} ms; log: {log}", file=sys.stderr)
+        logger.info("tuning finished: %d trials in %.0f s, estimated total latency %.3f ms; log: %s",
+                    sched.total_trials, time.time() - t0, sched.objective_value() * 1e3, log)
     return sched
