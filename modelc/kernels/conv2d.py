@@ -14,26 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import target
+from .codegen import ParallelItem, packed_kernel, row_waste, shifted_start
+from .conv_geometry import conv_geometry
 from .expr import SUPPORTED
 from .layout import offset
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue, epilogue_inputs, register, source
+from .template import Kernel, Template, epilogue, register
 from .workload import Workload
 
 OWT_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 28]
-MAX_TILE_VECTORS = 28        # accumulators that fit in AVX-512's 32 vector registers
-
-
-def _geometry(wl: Workload):
-    conv = wl.anchor
-    x, w = wl.inputs[int(conv.args[0][1:])], wl.inputs[int(conv.args[1][1:])]
-    out = wl.outputs[0]
-    n, c, h, wd = x.shape
-    k, _, kh, kw = w.shape
-    oh, ow = out.shape[2], out.shape[3]
-    return dict(N=n, C=c, H=h, W=wd, K=k, KH=kh, KW=kw, OH=oh, OW=ow,
-                s=conv.attrs["strides"], d=conv.attrs["dilations"], p=conv.attrs["pads"],
-                cb=x.layout[0], hin=x.layout[1], KB=out.layout[0], hout=out.layout[1])
 
 
 @register
@@ -61,56 +51,59 @@ class Conv2d(Template):
         return all(op.op in SUPPORTED for op in wl.epilogue)
 
     def space(self, wl: Workload) -> ConfigSpace:
-        g = _geometry(wl)
+        g = conv_geometry(wl)
+        tg = target.current()
+        lanes, most = tg.lanes(4), tg.max_tile_vectors
         sp = ConfigSpace()
-        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g["OW"]] or [g["OW"]])
-        # m output blocks per tile; when m does not divide the blocks the last tile is shifted back
-        # to end at the last block (as columns are), so narrow blocks (K = 1000, 116, 40 give
-        # blocks of 8, 4, 8) still fill a 16-lane vector
-        blocks = g["K"] // g["KB"]
-        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 4, 8) if m <= blocks and m * g["KB"] <= 64])
-        sp.define_knob("tile_oh", [r for r in (1, 2, 4) if r <= g["OH"]])
+        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.OW] or [g.OW])
+        # m output blocks per tile (up to 4 vectors); when m does not divide the blocks the last
+        # tile is shifted back to end at the last block (as columns are), so narrow blocks
+        # (K = 1000, 116, 40 give blocks of 8, 4, 8) still fill a vector
+        blocks = g.K // g.KB
+        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 4, 8) if m <= blocks and m * g.KB <= 4 * lanes])
+        sp.define_knob("tile_oh", [r for r in (1, 2, 4) if r <= g.OH])
         sp.define_reorder("reduction_order", ["c", "kh", "kw"],
                           candidates=[["c", "kh", "kw"], ["kh", "kw", "c"]])
         sp.define_annotate("unroll_kw", [False, True])
-        kb = g["KB"]
+        kb = g.KB
         sp.constraint = lambda cfg: cfg["tile_ow"] * cfg["tile_oh"] * \
-            -(-cfg["tile_oc_blocks"] * kb // 16) <= MAX_TILE_VECTORS
+            -(-cfg["tile_oc_blocks"] * kb // lanes) <= most
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
-        """A register tile of about 14 vectors, preferring tiles that divide the output row."""
-        g = _geometry(wl)
-        ow = g["OW"]
-        owts = space.knobs[0].values
-
-        def waste(t):
-            return (-(-ow // t) * t - ow) / ow
-
-        best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - 14), -t))
-        # at least one full 16-lane vector of output channels per pixel
-        ms = [m for m in space.knobs[1].values if m * g["KB"] <= 16]
+        """A register tile of about half the accumulator registers (14 vectors on AVX-512),
+        preferring tiles that divide the output row."""
+        g = conv_geometry(wl)
+        tg = target.current()
+        # as many output channels per pixel as one vector holds (at least one block)
+        ms = [m for m in space.knobs[1].values if m * g.KB <= tg.lanes(4)] or space.knobs[1].values[:1]
+        vectors = -(-max(ms) * g.KB // tg.lanes(4))         # accumulator vectors per pixel
+        want = tg.max_tile_vectors // 2 // vectors
+        owts = [t for t in space.knobs[0].values if t * vectors <= tg.max_tile_vectors] or \
+            space.knobs[0].values[:1]
+        waste = row_waste(g.OW)
+        best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
         return space.from_values({"tile_ow": best, "tile_oc_blocks": max(ms), "tile_oh": 1,
                                   "reduction_order": ["c", "kh", "kw"], "unroll_kw": False})
 
     def build(self, wl: Workload, cfg) -> Kernel:
-        g = _geometry(wl)
+        g = conv_geometry(wl)
         conv = wl.anchor
         OWT, m, TOH = cfg["tile_ow"], cfg["tile_oc_blocks"], cfg["tile_oh"]
-        KB, cb = g["KB"], g["cb"]
+        KB, cb = g.KB, g.cb
         KT = KB * m
-        KBLK = g["K"] // KB
+        KBLK = g.K // KB
         KO = -(-KBLK // m)              # tiles; the last starts at block KBLK - m
-        CBLK = g["C"] // cb
-        OH, OW, KH, KW = g["OH"], g["OW"], g["KH"], g["KW"]
-        sh, sw = g["s"]
-        dh, dw = g["d"]
-        ph, pw = g["p"][0], g["p"][1]
-        hin = g["hin"]
+        CBLK = g.C // cb
+        OH, OW, KH, KW = g.OH, g.OW, g.KH, g.KW
+        sh, sw = g.strides
+        dh, dw = g.dilations
+        ph, pw = g.pads
+        hin = g.hin
         NT = -(-OW // OWT)
         NR = -(-OH // TOH)
         ACC = TOH * OWT * KT
-        xs = (g["N"], CBLK, g["H"] + 2 * hin, g["W"] + 2 * hin, cb)
+        xs = (g.N, CBLK, g.H + 2 * hin, g.W + 2 * hin, cb)
         x_n, x_c, x_h = xs[1] * xs[2] * xs[3] * cb, xs[2] * xs[3] * cb, xs[3] * cb
         x_arg = int(conv.args[0][1:])
         X = f"in{x_arg}"
@@ -118,15 +111,13 @@ class Conv2d(Template):
 
         # the tile: TOH output rows x OWT output columns x KT output channels; a last tile that
         # would pass the end of a row or column is shifted back (recomputing, never branching)
-        body = [f"for it in prange({g['N'] * KO * NR * NT}):",
-                f"    t = it % {NT}",
-                f"    rest = it // {NT}",
-                f"    oh0 = min((rest % {NR}) * {TOH}, {OH - TOH})",
-                f"    rest = rest // {NR}",
-                f"    ko = rest % {KO}",
-                f"    n = rest // {KO}",
-                f"    ko0 = min(ko * {m}, {KBLK - m})",
-                f"    ow0 = min(t * {OWT}, {OW - OWT})",
+        item = ParallelItem()
+        body = [f"for it in prange({g.N * KO * NR * NT}):",
+                *item.take("t", NT),
+                *item.take("oh0", NR, lambda r: shifted_start(f"{r} * {TOH}", OH, TOH)),
+                *item.last("ko", KO, "n"),
+                f"    ko0 = {shifted_start(f'ko * {m}', KBLK, m)}",
+                f"    ow0 = {shifted_start(f't * {OWT}', OW, OWT)}",
                 f"    acc = carray(stack_empty({ACC}, np.float32), {ACC})",
                 f"    for q in range({ACC}):",
                 "        acc[q] = np.float32(0.0)"]
@@ -188,25 +179,4 @@ class Conv2d(Template):
             wv = w.astype(np.float32)[np.array([f + j for f in first for j in range(KT)])]
             return wv.reshape(KO, KT, CBLK, cb, KH, KW).transpose(0, 2, 4, 5, 3, 1)
 
-        return conv_kernel(wl, body, pack_weights)
-
-
-def conv_kernel(wl: Workload, body: list, pack_weights) -> Kernel:
-    """A conv template's kernel: its arguments (output, input, packed weights, bias, epilogue
-    inputs) and a `pack` that lays out the weights with `pack_weights(w)` and the bias as float32."""
-    conv = wl.anchor
-    x_arg, w_arg = int(conv.args[0][1:]), int(conv.args[1][1:])
-    has_bias = len(conv.args) > 2 and bool(conv.args[2])
-    b_arg = int(conv.args[2][1:]) if has_bias else None
-    args = ["out0", f"in{x_arg}", "w"] + (["bias"] if has_bias else [])
-    args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
-    dtypes = [np.float32] * len(args[:3 + has_bias]) + \
-        [wl.inputs[int(a[2:])].dtype for a in args[3 + has_bias:]]
-
-    def pack(consts):
-        res = {"w": np.ascontiguousarray(pack_weights(consts[w_arg]), dtype=np.float32).reshape(-1)}
-        if has_bias:
-            res["bias"] = np.ascontiguousarray(consts[b_arg].astype(np.float32).reshape(-1))
-        return res
-
-    return Kernel(source(args, dtypes, body), args, pack)
+        return packed_kernel(wl, body, pack_weights)

@@ -29,10 +29,12 @@ kernel column the input columns of a tile are contiguous; taps of the wrong phas
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
+from .. import target
+from .codegen import ParallelItem, row_waste, shifted_start
+from .conv_geometry import conv_geometry
 from .expr import SUPPORTED, ctor, lit
 from .layout import offset, strides
 from .space import ConfigSpace
@@ -40,37 +42,7 @@ from .template import Kernel, Template, epilogue, epilogue_inputs, register, sou
 from .workload import Workload
 
 OWT_CANDIDATES = [1, 2, 4, 6, 7, 8, 12, 14, 16, 28, 32, 56, 64, 112, 128]
-MAX_TILE_VECTORS = 28        # accumulators that fit in AVX-512's 32 vector registers
-
-
-def _attr_list(attrs, name, n, default):
-    v = attrs.get(name)
-    return [int(a) for a in v] if v is not None and len(v) else [default] * n
-
-
-def _geometry(wl: Workload) -> dict:
-    conv = wl.anchor
-    x, w = wl.spec(conv.args[0]), wl.spec(conv.args[1])
-    out = wl.spec(f"v{conv.index}")
-    nd = len(x.shape) - 2
-    a = conv.attrs
-    transpose = conv.op == "ConvTranspose"
-    group = int(a.get("group", 1))
-    kernel = list(w.shape[2:])
-    st = _attr_list(a, "strides", nd, 1)
-    dil = _attr_list(a, "dilations", nd, 1)
-    if transpose:
-        from ..ops.nn import _convt_geometry
-        geo = _convt_geometry(x.shape, w.shape, a.get("auto_pad", "NOTSET"), dil, a.get("kernel_shape"),
-                              a.get("output_padding"), a.get("output_shape"), a.get("pads"), st)
-        begin = [int(b) for b in geo.begin]
-        cg, kg = x.shape[1] // group, w.shape[1]
-    else:
-        begin = _attr_list(a, "pads", 2 * nd, 0)[:nd]
-        cg, kg = w.shape[1], w.shape[0] // group
-    return dict(N=x.shape[0], C=x.shape[1], K=out.shape[1], G=group, Cg=cg, Kg=kg, nd=nd,
-                I=list(x.shape[2:]), O=list(out.shape[2:]), KS=kernel, s=st, d=dil, p=begin,
-                T=transpose, dtype=x.dtype)
+OC_MAX_OWT = 16              # columns of a channel-vector tile (as conv2d's, written out)
 
 
 @register
@@ -99,7 +71,7 @@ class ConvGeneric(Template):
             if t.layout is not None or t.dtype != x.dtype:
                 return False
         try:
-            g = _geometry(wl)
+            g = conv_geometry(wl)
         except Exception:
             return False
         out_shape = wl.spec(f"v{a.index}").shape
@@ -116,62 +88,66 @@ class ConvGeneric(Template):
                 return False
             if t.layout is not None and len(t.shape) != 4:
                 return False
-        if g["T"] and g["O"][-1] < g["s"][-1]:
+        if g.transpose and g.OW < g.strides[-1]:
             return False                       # a row shorter than the stride: empty phases
-        return g["nd"] >= 1 and min(g["O"]) >= 1
+        return g.nd >= 1 and min(g.spatial_out) >= 1
 
     def space(self, wl: Workload) -> ConfigSpace:
-        g = _geometry(wl)
-        ow = g["O"][-1] // (g["s"][-1] if g["T"] else 1)        # a transposed row runs per phase
+        g = conv_geometry(wl)
+        tg = target.current()
+        floats = tg.lanes(4) * tg.max_tile_vectors      # a register tile's elements (counted as float32)
+        ow = g.OW // (g.strides[-1] if g.transpose else 1)        # a transposed row runs per phase
         sp = ConfigSpace()
         owts = sorted({t for t in OWT_CANDIDATES if t <= ow} | ({ow} if ow <= 128 else set()))
         sp.define_knob("tile_ow", owts)
-        sp.define_knob("tile_oc", [m for m in (1, 2, 4, 8, 16, 32) if g["Kg"] % m == 0])
+        sp.define_knob("tile_oc", [m for m in (1, 2, 4, 8, 16, 32) if g.Kg % m == 0])
         sp.define_knob("vector_axis", ["ow", "oc"] if _oc_possible(wl, g) else ["ow"])
         sp.define_annotate("unroll_kw", [False, True])
-        sp.define_knob("stage_row", [True, False] if not g["T"] else [False])
-        kw = g["KS"][-1]
+        sp.define_knob("stage_row", [True, False] if not g.transpose else [False])
+        kw = g.KW
 
         def valid(cfg):
             if cfg["unroll_kw"] and kw > 16:
                 return False
             if cfg["vector_axis"] == "ow":
                 return cfg["tile_oc"] <= 8 and cfg["tile_ow"] * cfg["tile_oc"] <= 1024
-            return cfg["tile_oc"] >= 8 and cfg["tile_ow"] <= 16 and not cfg["unroll_kw"] and \
-                cfg["tile_ow"] * cfg["tile_oc"] <= 16 * MAX_TILE_VECTORS
+            return cfg["tile_oc"] >= 8 and cfg["tile_ow"] <= OC_MAX_OWT and not cfg["unroll_kw"] and \
+                cfg["tile_ow"] * cfg["tile_oc"] <= floats
         sp.constraint = valid
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
         """Channel vectors (as conv2d) when a group has 8k output channels, else whole rows."""
-        g = _geometry(wl)
+        g = conv_geometry(wl)
         owts = space.knobs[0].values
-        ow = owts[-1] if g["O"][-1] > 128 else g["O"][-1] // (g["s"][-1] if g["T"] else 1)
-
-        def waste(t):
-            return (-(-ow // t) * t - ow) / ow
+        ow = owts[-1] if g.OW > 128 else g.OW // (g.strides[-1] if g.transpose else 1)
+        waste = row_waste(ow)
 
         if "oc" in space.knobs[2].values:
+            tg = target.current()
+            lanes = tg.lanes(4)
             oct_ = max(m for m in space.knobs[1].values if m <= 32)
-            target = min(14 * 16 // oct_, 16)            # about 14 accumulator vectors
-            owt = min([t for t in owts if t <= 16], key=lambda t: (waste(t) > 0.15, abs(t - target), -t))
+            # about half the accumulator registers (14 vectors on AVX-512), within all of them
+            want = min(tg.max_tile_vectors // 2 * lanes // oct_, OC_MAX_OWT)
+            fit = [t for t in owts if t <= OC_MAX_OWT and t * oct_ <= tg.max_tile_vectors * lanes] or owts[:1]
+            owt = min(fit, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
             return space.from_values({"tile_ow": owt, "tile_oc": oct_, "vector_axis": "oc",
                                       "unroll_kw": False, "stage_row": space.knobs[4].values[0]})
-        unroll = g["KS"][-1] <= 7
+        unroll = g.KW <= 7
         owt = min(owts, key=lambda t: (waste(t) > 0.15, t > 64, -t))
         oct_ = max(m for m in space.knobs[1].values if m <= 4)
         return space.from_values({"tile_ow": owt, "tile_oc": oct_, "vector_axis": "ow",
                                   "unroll_kw": unroll,
-                                  "stage_row": g["s"][-1] == 1 and not g["T"]})
+                                  "stage_row": g.strides[-1] == 1 and not g.transpose})
 
     def build(self, wl: Workload, cfg) -> Kernel:
-        g = _geometry(wl)
+        g = conv_geometry(wl)
         conv = wl.anchor
-        dt = np.dtype(g["dtype"])
+        dt = np.dtype(g.dtype)
         OWT, OCT, unroll, axis = cfg["tile_ow"], cfg["tile_oc"], cfg["unroll_kw"], cfg["vector_axis"]
-        N, K, Cg, Kg, nd, TR = g["N"], g["K"], g["Cg"], g["Kg"], g["nd"], g["T"]
-        I, O, KS, S, D, P = g["I"], g["O"], g["KS"], g["s"], g["d"], g["p"]
-        OW, W, KW, sw, dw, pw = O[-1], I[-1], KS[-1], S[-1], D[-1], P[-1]
+        N, K, Cg, Kg, nd, TR = g.N, g.K, g.Cg, g.Kg, g.nd, g.transpose
+        IS, OS, KS, S, D, P = g.spatial_in, g.spatial_out, g.kernel, g.strides, g.dilations, g.pads
+        OW, W, KW, sw, dw, pw = OS[-1], IS[-1], KS[-1], S[-1], D[-1], P[-1]
         PH = sw if TR else 1                       # a transposed row is computed per phase mod sw
         OWT = max(1, min(OWT, OW // PH))
         NT = -(-(-(-OW // PH)) // OWT)
@@ -213,20 +189,17 @@ class ConvGeneric(Template):
                 args.append(f"in{k}")
                 dtypes.append(wl.inputs[k].dtype)
 
-        body = [f"for it in prange({N * KO * math.prod(O[:-1]) * PH * NT}):",
-                f"    t = it % {NT}",
-                f"    rest = it // {NT}"]
+        item = ParallelItem()
+        body = [f"for it in prange({N * KO * math.prod(OS[:-1]) * PH * NT}):", *item.take("t", NT)]
         if TR:
-            body += [f"    ph = rest % {PH}",
-                     f"    rest = rest // {PH}",
-                     f"    j0 = min(t * {OWT}, ({OW + PH - 1} - ph) // {PH} - {OWT})"]
+            body += item.take("ph", PH)
+            body += [f"    j0 = {shifted_start(f't * {OWT}', f'({OW + PH - 1} - ph) // {PH}', OWT)}"]
         else:
-            body += [f"    ow0 = min(t * {OWT}, {OW - OWT})"]
+            body += [f"    ow0 = {shifted_start(f't * {OWT}', OW, OWT)}"]
         for i in reversed(range(lead)):
-            body += [f"    o{i} = rest % {O[i]}", f"    rest = rest // {O[i]}"]
-        body += [f"    ko = rest % {KO}",
-                 f"    n = rest // {KO}",
-                 f"    k0 = ko * {OCT}",
+            body += item.take(f"o{i}", OS[i])
+        body += item.last("ko", KO, "n")
+        body += [f"    k0 = ko * {OCT}",
                  f"    grp = k0 // {Kg}",
                  f"    acc = carray(stack_empty({T}, {ctor(dt)}), {T})"]
         stage = axis == "ow" and not TR and cfg["stage_row"]
@@ -259,11 +232,11 @@ class ConvGeneric(Template):
                          f"{pre}if q{i} < 0 or q{i} % {S[i]} != 0:",
                          f"{pre}    continue",
                          f"{pre}i{i} = q{i} // {S[i]}",
-                         f"{pre}if i{i} >= {I[i]}:",
+                         f"{pre}if i{i} >= {IS[i]}:",
                          f"{pre}    continue"]
             else:
                 body += [f"{pre}i{i} = o{i} * {S[i]} + kd{i} * {D[i]} - {P[i]}",
-                         f"{pre}if i{i} < 0 or i{i} >= {I[i]}:",
+                         f"{pre}if i{i} < 0 or i{i} >= {IS[i]}:",
                          f"{pre}    continue"]
             ind += 4
         pre = " " * ind
@@ -358,8 +331,8 @@ class ConvGeneric(Template):
         def store(pre, a, chan, r):
             ow = f"ph + {sw} * (j0 + {r})" if TR else f"ow0 + {r}"
             idx = ["n", chan] + [f"o{i}" for i in range(lead)] + [ow]
-            lines, _ = epilogue(wl, ops, "a", idx, out_shape, dt, f"v{conv.index}", var="e")
-            out = [f"{pre}a = {a}"] + [pre + _unsigned_inputs(ln) for ln in lines]
+            lines, _ = epilogue(wl, ops, "a", idx, out_shape, dt, f"v{conv.index}", var="e", unsigned=True)
+            out = [f"{pre}a = {a}"] + [pre + ln for ln in lines]
             for k, (t, v) in enumerate(zip(wl.outputs, wl.output_values)):
                 j = int(v[1:])
                 val = "a" if j == conv.index else f"e{pos[j]}"
@@ -387,13 +360,8 @@ class ConvGeneric(Template):
         return Kernel(source(args, dtypes, body), args, pack)
 
 
-def _oc_possible(wl: Workload, g: dict) -> bool:
+def _oc_possible(wl: Workload, g) -> bool:
     """Channel vectors need a packable (constant) weight and 8k output channels per group."""
     w = wl.anchor.args[1]
     const = w.startswith("p") or wl.inputs[int(w[1:])].const
-    return not g["T"] and const and g["Kg"] % 8 == 0
-
-
-def _unsigned_inputs(line: str) -> str:
-    """Epilogue reads of workload inputs with unsigned indices (numba then skips wrap checks)."""
-    return re.sub(r"\b(in\d+)\[([^\[\]]+)\]", r"\1[np.uintp(\2)]", line)
+    return not g.transpose and const and g.Kg % 8 == 0

@@ -20,37 +20,27 @@ with the tile on a stack array).
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
+from .. import target
+from .codegen import ParallelItem, packed_kernel, row_waste, shifted_start
+from .conv_geometry import conv_geometry
 from .expr import SUPPORTED
 from .layout import physical_shape, strides
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue, epilogue_inputs, register, source
+from .template import Kernel, Template, epilogue, register
 from .workload import Workload
 
 OWT_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
 ROWS_CANDIDATES = [1, 2, 4, 7, 8, 14, 16, 28]
-MAX_ACC = 16                 # accumulator vectors in the register tile (AVX-512 has 32 registers)
 MAX_TAPS = 256               # multiply-adds written out per lane loop (bounds compile time)
+TASKS_PER_THREAD = 16        # parallel tasks a default config leaves each thread, when it can
 
 
-def _geometry(wl: Workload):
-    conv = wl.anchor
-    x, w = wl.inputs[int(conv.args[0][1:])], wl.inputs[int(conv.args[1][1:])]
-    out = wl.outputs[0]
-    n, c, h, wd = x.shape
-    _, _, kh, kw = w.shape
-    return dict(N=n, C=c, H=h, W=wd, KH=kh, KW=kw, OH=out.shape[2], OW=out.shape[3],
-                s=list(conv.attrs.get("strides", [1, 1])), d=list(conv.attrs.get("dilations", [1, 1])),
-                p=list(conv.attrs.get("pads", [0, 0, 0, 0])),
-                b=x.layout[0], hin=x.layout[1], hout=out.layout[1])
-
-
-def _unsigned_inputs(line: str) -> str:
-    """Epilogue reads of workload inputs with unsigned indices (numba then skips wrap checks)."""
-    return re.sub(r"\b(in\d+)\[([^\[\]]+)\]", r"\1[np.uintp(\2)]", line)
+def max_accumulators(tg) -> int:
+    """Accumulator vectors of a depthwise register tile: half the registers (16 of AVX-512's 32);
+    the other half hold the filter's weight vectors (9 for 3x3) and the input vectors."""
+    return tg.vector_registers // 2
 
 
 @register
@@ -84,36 +74,41 @@ class DepthwiseConv2d(Template):
         return all(op.op in SUPPORTED for op in wl.epilogue)
 
     def space(self, wl: Workload) -> ConfigSpace:
-        g = _geometry(wl)
+        g = conv_geometry(wl)
+        tg = target.current()
         sp = ConfigSpace()
-        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g["OW"]] or [g["OW"]])
-        sp.define_knob("tile_oh", [t for t in (1, 2, 3, 4) if t <= g["OH"]])
-        sp.define_knob("rows_per_task", [r for r in ROWS_CANDIDATES if r <= g["OH"]] or [1])
+        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.OW] or [g.OW])
+        sp.define_knob("tile_oh", [t for t in (1, 2, 3, 4) if t <= g.OH])
+        sp.define_knob("rows_per_task", [r for r in ROWS_CANDIDATES if r <= g.OH] or [1])
         sp.define_annotate("unroll_kh", [True, False])
-        vec = max(g["b"] // 16, 1)
-        kh, kw = g["KH"], g["KW"]
+        vec = -(-g.cb // tg.lanes(4))          # vectors of one block's lanes
+        most = max_accumulators(tg)
+        kh, kw = g.KH, g.KW
 
         def valid(cfg):
             tile = cfg["tile_ow"] * cfg["tile_oh"]
-            return tile * vec <= MAX_ACC and cfg["rows_per_task"] % cfg["tile_oh"] == 0 and \
+            return tile * vec <= most and cfg["rows_per_task"] % cfg["tile_oh"] == 0 and \
                 tile * kw * (kh if cfg["unroll_kh"] else 1) <= MAX_TAPS
         sp.constraint = valid
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
-        """About 8 accumulators per tile dividing the row, and >= 32 parallel tasks when possible."""
-        g = _geometry(wl)
-        ow, oh = g["OW"], g["OH"]
-        owts = space.knobs[0].values
-
-        def waste(t):
-            return (-(-ow // t) * t - ow) / ow
-
-        owt = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - 8), -t))
-        planes = g["N"] * g["C"] // g["b"]
+        """As many accumulator vectors per tile as keep the FMA pipes busy (8 on AVX-512) along
+        the row, and >= 16 parallel tasks per thread when possible."""
+        g = conv_geometry(wl)
+        tg = target.current()
+        oh = g.OH
+        vec = -(-g.cb // tg.lanes(4))
+        most = max_accumulators(tg) // vec
+        owts = [t for t in space.knobs[0].values if t <= most] or space.knobs[0].values[:1]
+        want = max(1, min(tg.accumulators_in_flight, max_accumulators(tg)) // vec)
+        waste = row_waste(g.OW)
+        owt = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
+        planes = g.N * g.C // g.cb
         rows = [r for r in space.knobs[2].values]
-        # the largest row group that still leaves enough tasks (ample for 2 threads, cache friendly)
-        ok = [r for r in rows if planes * -(-oh // r) >= 32 and (-(-oh // r) * r - oh) / oh <= 0.15]
+        # the largest row group that still leaves enough tasks (ample for the threads, cache friendly)
+        ok = [r for r in rows if planes * -(-oh // r) >= TASKS_PER_THREAD * tg.threads
+              and (-(-oh // r) * r - oh) / oh <= 0.15]
         rpt = max(ok) if ok else 1
         cfg = space.from_values({"tile_ow": owt, "tile_oh": 1, "rows_per_task": rpt, "unroll_kh": True})
         if not space.is_valid(cfg):
@@ -123,16 +118,16 @@ class DepthwiseConv2d(Template):
         return cfg
 
     def build(self, wl: Workload, cfg) -> Kernel:
-        g = _geometry(wl)
+        g = conv_geometry(wl)
         conv = wl.anchor
         OWT, OHT, R = cfg["tile_ow"], cfg["tile_oh"], cfg["rows_per_task"]
         unroll = cfg["unroll_kh"]
-        b, hin, hout = g["b"], g["hin"], g["hout"]
-        N, C, OH, OW, KH, KW = g["N"], g["C"], g["OH"], g["OW"], g["KH"], g["KW"]
+        b, hin, hout = g.cb, g.hin, g.hout
+        N, C, OH, OW, KH, KW = g.N, g.C, g.OH, g.OW, g.KH, g.KW
         CB = C // b
-        sh, sw = g["s"]
-        dh, dw = g["d"]
-        ph, pw = g["p"][0], g["p"][1]
+        sh, sw = g.strides
+        dh, dw = g.dilations
+        ph, pw = g.pads
         OWT, OHT = min(OWT, OW), min(OHT, OH)
         R = max(R, OHT)
         NT = -(-OW // OWT)
@@ -147,19 +142,18 @@ class DepthwiseConv2d(Template):
         ops = wl.epilogue
         zero = "np.float32(0.0)"
 
+        item = ParallelItem()
         body = [f"for it in prange({N * CB * NRB}):",
-                f"    rb = it % {NRB}",
-                f"    rest = it // {NRB}",
-                f"    cb = rest % {CB}",
-                f"    n = rest // {CB}",
+                *item.take("rb", NRB),
+                *item.last("cb", CB, "n"),
                 f"    wb = np.uintp(cb * {KH * KW * b})",
                 f"    bb = np.uintp(cb * {b})",
                 f"    xp = n * {xs[0]} + cb * {xs[1]}",
                 f"    op = n * {os_[0]} + cb * {os_[1]}",
                 f"    for q in range((min(rb * {R} + {R}, {OH}) - rb * {R} + {OHT - 1}) // {OHT}):",
-                f"        oh0 = min(rb * {R} + q * {OHT}, {OH - OHT})",
+                f"        oh0 = {shifted_start(f'rb * {R} + q * {OHT}', OH, OHT)}",
                 f"        for t in range({NT}):",
-                f"            ow0 = min(t * {OWT}, {OW - OWT})",
+                f"            ow0 = {shifted_start(f't * {OWT}', OW, OWT)}",
                 f"            xb = np.uintp(xp + (oh0 * {sh} + {hin - ph}) * {xs[2]} "
                 f"+ (ow0 * {sw} + {hin - pw}) * {b})",
                 f"            ob = np.uintp(op + (oh0 + {hout}) * {os_[2]} + (ow0 + {hout}) * {b})"]
@@ -196,8 +190,8 @@ class DepthwiseConv2d(Template):
             for ro, r in tile:
                 idx = ["n", ("cb", "j", b), f"oh0 + {ro}", f"ow0 + {r}"]
                 ep, final = epilogue(wl, ops, acc(ro, r), idx, out.shape, out.dtype,
-                                     f"v{conv.index}", var=f"e{ro}_{r}_")
-                lines += [pre + _unsigned_inputs(ln) for ln in ep]
+                                     f"v{conv.index}", var=f"e{ro}_{r}_", unsigned=True)
+                lines += [pre + ln for ln in ep]
                 lines.append(f"{pre}out0[ob + np.uintp({ro * os_[2] + r * b} + j)] = {final}")
             return lines
 
@@ -230,17 +224,7 @@ class DepthwiseConv2d(Template):
             body += [f"{pre}for j in range({b}):"]
             body += store(pre + "    ", acc)
 
-        args = ["out0", X, "w"] + (["bias"] if has_bias else [])
-        args += [f"in{k}" for k in epilogue_inputs(ops) if k != x_arg]
-        dtypes = [np.float32] * (3 + has_bias) + [wl.inputs[int(a[2:])].dtype for a in args[3 + has_bias:]]
-        w_arg = int(conv.args[1][1:])
-        b_arg = int(conv.args[2][1:]) if has_bias else None
+        def pack_weights(w):                                            # [C, 1, KH, KW]
+            return w.astype(np.float32).reshape(CB, b, KH, KW).transpose(0, 2, 3, 1)
 
-        def pack(consts):
-            wv = consts[w_arg].astype(np.float32).reshape(CB, b, KH, KW)
-            res = {"w": np.ascontiguousarray(wv.transpose(0, 2, 3, 1)).reshape(-1)}
-            if has_bias:
-                res["bias"] = np.ascontiguousarray(consts[b_arg].astype(np.float32).reshape(-1))
-            return res
-
-        return Kernel(source(args, dtypes, body), args, pack)
+        return packed_kernel(wl, body, pack_weights)

@@ -1,7 +1,7 @@
 """MatMul with numpy semantics (batched, broadcast batch dims, 1-d operands) and a fused epilogue.
 
 Both operands are usually runtime tensors (attention: Q @ K^T, then a scale; P @ V). The kernel
-is the register-tiled GEMM of kernels/dense.py run over (batch x M tiles x N tiles); the right
+is the register-tiled GEMM of kernels/gemm.py run over (batch x M tiles x N tiles); the right
 operand is read in place (NR contiguous columns per k) or, with knob pack_b, first copied per work
 item into a [K, NR] panel on the stack (zero-padded past N) that the item's m_group M tiles then
 share. A constant 2-d right operand (which the passes normally turn into Dense) is packed once at
@@ -15,9 +15,11 @@ import math
 
 import numpy as np
 
+from .. import target
 from ..ops.linalg import matmul_shape
-from .dense import (LANES, MAX_PANEL_BYTES, Gemm, _plain, default_gemm, epilogue_ok, gemm_source,
-                    gemm_space, knob_values)
+from .codegen import packer
+from .gemm import Gemm, epilogue_ok, gemm_source, pack_b, plain
+from .gemm_space import MAX_PANEL_BYTES, default_gemm, gemm_space, knob_values
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue_inputs, register
 from .workload import Workload
@@ -48,7 +50,7 @@ class BatchMatMul(Template):
         if op.op != "MatMul" or len(op.args) != 2 or not all(r.startswith("i") for r in op.args):
             return False
         a, b = wl.spec(op.args[0]), wl.spec(op.args[1])
-        if a.dtype != np.float32 or b.dtype != np.float32 or not (_plain(a) and _plain(b)):
+        if a.dtype != np.float32 or b.dtype != np.float32 or not (plain(a) and plain(b)):
             return False
         if len(a.shape) < 1 or len(b.shape) < 1:
             return False
@@ -59,7 +61,8 @@ class BatchMatMul(Template):
         if 0 in out or a.shape[-1] == 0:
             return False
         d = _dims(wl)
-        if not d["packed"] and d["N"] > LANES and d["N"] % LANES and d["K"] * LANES * 4 > MAX_PANEL_BYTES:
+        lanes = target.current().lanes(4)
+        if not d["packed"] and d["N"] > lanes and d["N"] % lanes and d["K"] * lanes * 4 > MAX_PANEL_BYTES:
             return False                    # ragged N needs a packed panel, too big for the stack
         return epilogue_ok(wl, out)
 
@@ -78,7 +81,6 @@ class BatchMatMul(Template):
         vals = knob_values(cfg)
         M, K, N = d["M"], d["K"], d["N"]
         NR = vals["tile_n"]
-        NT = -(-N // NR)
         a_arg, b_arg = int(op.args[0][1:]), int(op.args[1][1:])
         same = a_arg == b_arg
         bname = "w" if d["packed"] else f"in{b_arg}"
@@ -89,11 +91,5 @@ class BatchMatMul(Template):
         args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if f"in{k}" not in args]
         dtypes = [np.float32 if s in ("out0", "w") else wl.inputs[int(s[2:])].dtype for s in args]
         src = gemm_source(wl, g, vals, args, dtypes)
-        pack = None
-        if d["packed"]:
-            def pack(consts):
-                wv = np.asarray(consts[b_arg], np.float32)
-                wp = np.zeros((K, NT * NR), np.float32)
-                wp[:, :N] = wv
-                return {"w": np.ascontiguousarray(wp.reshape(K, NT, NR).transpose(1, 0, 2)).reshape(-1)}
+        pack = packer(b_arg, None, lambda w: pack_b(w, NR)) if d["packed"] else None
         return Kernel(src, args, pack)

@@ -25,7 +25,9 @@ import math
 
 import numpy as np
 
-from .conv2d import MAX_TILE_VECTORS, _geometry, conv_kernel
+from .. import target
+from .codegen import ParallelItem, packed_kernel, shifted_start
+from .conv_geometry import conv_geometry
 from .layout import offset
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue, get, register
@@ -65,7 +67,7 @@ def _lin(row, names) -> str:
 
 
 def _tiles(g, m):
-    nth, ntw = -(-g["OH"] // m), -(-g["OW"] // m)
+    nth, ntw = -(-g.OH // m), -(-g.OW // m)
     return nth, ntw, nth * ntw
 
 
@@ -79,38 +81,43 @@ class Conv2dWinograd(Template):
             return False
         a = wl.anchor
         w = wl.spec(a.args[1])
-        g = _geometry(wl)
-        return (tuple(w.shape[2:]) == (3, 3) and tuple(g["s"]) == (1, 1) and tuple(g["d"]) == (1, 1)
-                and min(g["OH"], g["OW"]) >= 2)
+        g = conv_geometry(wl)
+        return (tuple(w.shape[2:]) == (3, 3) and tuple(g.strides) == (1, 1) and tuple(g.dilations) == (1, 1)
+                and min(g.OH, g.OW) >= 2)
 
     def space(self, wl: Workload) -> ConfigSpace:
-        g = _geometry(wl)
+        g = conv_geometry(wl)
+        tg = target.current()
+        lanes, most = tg.lanes(4), tg.max_tile_vectors
         sp = ConfigSpace()
-        sp.define_knob("tile_size", [m for m in MATRICES if m <= min(g["OH"], g["OW"])])
+        sp.define_knob("tile_size", [m for m in MATRICES if m <= min(g.OH, g.OW)])
         sp.define_knob("tile_tiles", [t for t in TT_CANDIDATES if t <= _tiles(g, 2)[2]])
-        blocks = g["K"] // g["KB"]
-        sp.define_knob("tile_oc_blocks", [b for b in (1, 2, 4) if b <= blocks and b * g["KB"] <= 64])
+        blocks = g.K // g.KB
+        sp.define_knob("tile_oc_blocks", [b for b in (1, 2, 4) if b <= blocks and b * g.KB <= 4 * lanes])
         sp.define_knob("transform", ["per_block", "all_channels"])
         sp.define_reorder("item_order", ["k", "tiles"], candidates=[["k", "tiles"], ["tiles", "k"]])
-        kb, c = g["KB"], g["C"]
+        kb, c = g.KB, g.C
 
         def ok(cfg):
             m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * kb
             a2 = (m + 2) ** 2
-            v = a2 * tt * (c if cfg["transform"] == "all_channels" else g["cb"])
-            return (tt * -(-kt // 16) <= MAX_TILE_VECTORS and tt <= _tiles(g, m)[2]
+            v = a2 * tt * (c if cfg["transform"] == "all_channels" else g.cb)
+            return (tt * -(-kt // lanes) <= most and tt <= _tiles(g, m)[2]
                     and a2 * tt * kt + v + tt * kt <= MAX_STACK_FLOATS)
         sp.constraint = ok
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
-        """F(4x4, 3x3) where the output allows it, 8 tiles x 32 channels, per-block transform."""
-        g = _geometry(wl)
+        """F(4x4, 3x3) where the output allows it, 8 tiles x 2 vectors of channels (as many tiles
+        as fit the registers on smaller machines), per-block transform."""
+        g = conv_geometry(wl)
+        tg = target.current()
         m = max(space.knobs[0].values)
-        tts = [t for t in space.knobs[1].values if t <= _tiles(g, m)[2]] or space.knobs[1].values[:1]
-        blocks = [b for b in space.knobs[2].values if b * g["KB"] <= 32]
+        blocks = max([b for b in space.knobs[2].values if b * g.KB <= 2 * tg.lanes(4)] or space.knobs[2].values[:1])
+        most = max(1, tg.max_tile_vectors // -(-blocks * g.KB // tg.lanes(4)))
+        tts = [t for t in space.knobs[1].values if t <= _tiles(g, m)[2] and t <= most] or space.knobs[1].values[:1]
         cfg = {"tile_size": m, "tile_tiles": min(tts, key=lambda t: abs(t - 8)),
-               "tile_oc_blocks": max(blocks or space.knobs[2].values[:1]), "transform": "per_block",
+               "tile_oc_blocks": blocks, "transform": "per_block",
                "item_order": ["k", "tiles"]}
         c = space.from_values(cfg)
         if space.is_valid(c):
@@ -120,35 +127,35 @@ class Conv2dWinograd(Template):
     def features(self, wl: Workload, cfg) -> dict:
         """What the cost model cannot read from knob names: multiplies saved, wasted tiles, and
         how often the transformed weights (4x the weights for F(4x4, 3x3)) are streamed."""
-        g = _geometry(wl)
-        m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * g["KB"]
+        g = conv_geometry(wl)
+        m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * g.KB
         nth, ntw, nt = _tiles(g, m)
         groups = -(-nt // tt)
-        ko = -(-g["K"] // kt)
+        ko = -(-g.K // kt)
         return {"mults_per_output": (m + 2) ** 2 / m ** 2,
-                "tile_waste": groups * tt * m * m / (g["OH"] * g["OW"]) - 1.0,
-                "log_weight_bytes": math.log2(4.0 * (m + 2) ** 2 * g["C"] * ko * kt * groups),
-                "log_input_transforms": math.log2(groups * tt * g["C"] * ko),
-                "log_items": math.log2(g["N"] * ko * groups)}
+                "tile_waste": groups * tt * m * m / (g.OH * g.OW) - 1.0,
+                "log_weight_bytes": math.log2(4.0 * (m + 2) ** 2 * g.C * ko * kt * groups),
+                "log_input_transforms": math.log2(groups * tt * g.C * ko),
+                "log_items": math.log2(g.N * ko * groups)}
 
     def build(self, wl: Workload, cfg) -> Kernel:
-        g = _geometry(wl)
+        g = conv_geometry(wl)
         conv = wl.anchor
         m, TT, mb = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"]
         BT, G, AT = (np.array(MATRICES[m][k], np.float64) for k in ("BT", "G", "AT"))
         a = m + 2
         A2 = a * a
-        KB, cb, C = g["KB"], g["cb"], g["C"]
+        KB, cb, C = g.KB, g.cb, g.C
         KT = KB * mb
-        KBLK = g["K"] // KB
+        KBLK = g.K // KB
         KO = -(-KBLK // mb)
         CBLK = C // cb
-        OH, OW = g["OH"], g["OW"]
-        ph, pw = g["p"][0], g["p"][1]
-        hin = g["hin"]
+        OH, OW = g.OH, g.OW
+        ph, pw = g.pads
+        hin = g.hin
         NTH, NTW, NT = _tiles(g, m)
         NG = -(-NT // TT)
-        xs = (g["N"], CBLK, g["H"] + 2 * hin, g["W"] + 2 * hin, cb)
+        xs = (g.N, CBLK, g.H + 2 * hin, g.W + 2 * hin, cb)
         x_n, x_c, x_h = xs[1] * xs[2] * xs[3] * cb, xs[2] * xs[3] * cb, xs[3] * cb
         x_arg = int(conv.args[0][1:])
         X = f"in{x_arg}"
@@ -157,15 +164,14 @@ class Conv2dWinograd(Template):
         VLEN = A2 * TT * (cb if per_block else C)
         ACC = A2 * TT * KT
 
+        item = ParallelItem()
         if cfg["item_order"][0] == "k":
-            split = [f"    g = it % {NG}", f"    rest = it // {NG}", f"    ko = rest % {KO}",
-                     f"    n = rest // {KO}"]
+            split = item.take("g", NG) + item.last("ko", KO, "n")
         else:
-            split = [f"    ko = it % {KO}", f"    rest = it // {KO}", f"    g = rest % {NG}",
-                     f"    n = rest // {NG}"]
-        body = [f"for it in prange({g['N'] * KO * NG}):", *split,
-                f"    ko0 = min(ko * {mb}, {KBLK - mb})",
-                f"    q0 = min(g * {TT}, {NT - TT})",
+            split = item.take("ko", KO) + item.last("g", NG, "n")
+        body = [f"for it in prange({g.N * KO * NG}):", *split,
+                f"    ko0 = {shifted_start(f'ko * {mb}', KBLK, mb)}",
+                f"    q0 = {shifted_start(f'g * {TT}', NT, TT)}",
                 f"    acc = carray(stack_empty({ACC}, np.float32), {ACC})",
                 f"    vt = carray(stack_empty({VLEN}, np.float32), {VLEN})",
                 f"    rt = carray(stack_empty({TT * KT}, np.float32), {TT * KT})"]
@@ -173,8 +179,8 @@ class Conv2dWinograd(Template):
         def tile_origin(ind):
             pre = " " * ind
             return [f"{pre}q = q0 + t",
-                    f"{pre}oy = min((q // {NTW}) * {m}, {OH - m})",
-                    f"{pre}ox = min((q % {NTW}) * {m}, {OW - m})"]
+                    f"{pre}oy = {shifted_start(f'(q // {NTW}) * {m}', OH, m)}",
+                    f"{pre}ox = {shifted_start(f'(q % {NTW}) * {m}', OW, m)}"]
 
         def input_transform(ind, vstride, voff):
             """V[point][t][...] = B^T d B for the TT tiles and the cb channels of block cbk."""
@@ -252,9 +258,9 @@ class Conv2dWinograd(Template):
                 body.append(f"{p3}out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
 
         def pack_weights(w):                                                      # [K, C, 3, 3]
-            u = np.einsum("ik,ockl,jl->ijoc", G, w.astype(np.float64), G).reshape(A2, g["K"], C)
+            u = np.einsum("ik,ockl,jl->ijoc", G, w.astype(np.float64), G).reshape(A2, g.K, C)
             first = [min(t * mb, KBLK - mb) * KB for t in range(KO)]            # U = G g G^T
             u = u[:, np.array([f + j for f in first for j in range(KT)])]        # [A2, KO*KT, C]
             return u.reshape(A2, KO, KT, C).transpose(1, 0, 3, 2)                # [KO, A2, C, KT]
 
-        return conv_kernel(wl, body, pack_weights)
+        return packed_kernel(wl, body, pack_weights)

@@ -1,0 +1,310 @@
+"""The register-tiled GEMM code generator shared by Dense (kernels/dense.py) and MatMul
+(kernels/matmul.py): out[b, m, n] = sum_k A[b, m, k] * B[b, k, n], then a fused epilogue.
+
+One parallel loop runs over (batch x) M tiles x N tiles; the register tile is MR rows x NR
+columns on a stack array. For every k the kernel loads MR scalars of A (broadcast) and runs one
+NR-wide loop of multiply-adds whose MR rows are written out in the source (shared/PERFORMANCE.md:
+that, a stack accumulator and constant trip counts are what LLVM vectorises; the assembly shows
+MR x NR/16 zmm accumulators held in registers, MR broadcasts and NR/16 loads per k). B is either
+packed once at compile time as [N/NR, K, NR] (`pack_b`: N padded with zero columns up to a
+multiple of NR, so the NR columns of a tile are one contiguous run per k), or a runtime tensor
+read in place or copied per work item into a [K, NR] panel on the stack. The epilogue (bias,
+activation, residual add ...) is applied to the tile as it is stored; columns past N are never
+stored. A last M tile that would run past M is shifted up to end at M and stores only its rows
+not stored yet, so no element is written twice (a residual input may share the output buffer).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ModelcError
+from .codegen import ParallelItem, shifted_start, unravel_index
+from .expr import SUPPORTED
+from .layout import same_as_plain
+from .template import epilogue, source
+from .workload import Workload
+
+
+@dataclass
+class Gemm:
+    """One (batched) GEMM: out[b, m, n] = sum_k A[b, m, k] * B[b, k, n], then the epilogue."""
+    M: int
+    K: int
+    N: int
+    a: str                              # kernel argument of A (flat [BA, M, K])
+    b: str                              # kernel argument of B (flat packed or [BB, K, N])
+    b_packed: bool                      # B prepacked as [N/NR, K, NR] (no batch)
+    out_shape: tuple                    # logical output shape (for the epilogue)
+    batch: tuple = ()                   # output batch dims
+    a_batch: tuple = ()                 # A's batch dims (right-aligned against `batch`)
+    b_batch: tuple = ()
+    row_dims: tuple = None              # output dims flattened into M (default (M,))
+    col_dims: tuple = None              # output dims of N: (N,) or () for a 1-d B
+    bias: str | None = None             # kernel argument of a bias [N]
+
+    def __post_init__(self):
+        if self.row_dims is None:
+            self.row_dims = (self.M,)
+        if self.col_dims is None:
+            self.col_dims = (self.N,)
+
+
+def batch_offset(bidx: list, out_batch: tuple, own: tuple) -> str:
+    """Flat batch index of an operand with batch dims `own` broadcast against `out_batch`."""
+    lead = len(out_batch) - len(own)
+    terms, stride = [], 1
+    for k in reversed(range(len(own))):
+        if own[k] != 1 and bidx[lead + k] != "0":
+            terms.append(bidx[lead + k] if stride == 1 else f"{bidx[lead + k]} * {stride}")
+        stride *= own[k]
+    return " + ".join(reversed(terms)) or "0"
+
+
+def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> str:
+    """The kernel source of GEMM `g` under config `cfg` (knob values) with epilogue `wl.epilogue`.
+
+    cfg: tile_m, tile_n, order ("mn" | "nm"), m_group, k_block, k_unroll, k_split, index
+    ("2d" | "flat"), store ("rolled" | "unrolled"), pack_b (runtime B only).
+    """
+    M, K, N = g.M, g.K, g.N
+    MR, NR = cfg["tile_m"], cfg["tile_n"]
+    G = cfg.get("m_group", 1)
+    KC = cfg.get("k_block", K)
+    U = cfg.get("k_unroll", 1)
+    S = cfg.get("k_split", 1)
+    if S > 1 and (G > 1 or U % S):
+        raise ModelcError(f"k_split {S} needs m_group 1 and k_unroll a multiple of it")
+    flat = cfg.get("index", "2d") == "flat"
+    pack = (not g.b_packed) and cfg.get("pack_b", False)
+    MT = -(-M // MR)
+    NT = -(-N // NR)
+    if MT % G:
+        raise ModelcError(f"m_group {G} does not divide the {MT} M tiles")
+    MG = MT // G
+    BATCH = math.prod(g.batch)
+    BA, BB = math.prod(g.a_batch), math.prod(g.b_batch)
+    shift = M % MR != 0
+    ragged_n = N % NR != 0
+
+    body, views = [], {}
+    if not flat:
+        views["A"] = (g.a, (BA, M, K))
+        if g.b_packed:
+            views["B"] = (g.b, (NT, K, NR))
+        elif not pack:
+            views["B"] = (g.b, (BB, K, N))
+    total = BATCH * MG * NT
+    body.append(f"for it in prange({total}):")
+    ind = "    "
+    item = ParallelItem(ind=ind)
+    if cfg.get("order", "mn") == "mn":
+        body += item.take("nt", NT) + item.last("mg", MG, "bi")
+    else:
+        body += item.take("mg", MG) + item.last("nt", NT, "bi")
+    blines, bidx = unravel_index("bi", g.batch, "b")
+    body += [ind + ln for ln in blines]
+    ba = batch_offset(bidx, g.batch, g.a_batch)
+    bb = batch_offset(bidx, g.batch, g.b_batch)
+    body += [f"{ind}ba = {ba}", f"{ind}bb = {bb}", f"{ind}n0 = nt * {NR}"]
+    if ragged_n:
+        body.append(f"{ind}nv = min({NR}, {N} - n0)")
+    nacc = max(G, S) * MR * NR
+    body.append(f"{ind}acc = carray(stack_empty({nacc}, np.float32), {nacc})")
+    if pack:
+        # copy B[bb, :, n0:n0 + NR] into a zero-padded [K, NR] panel (flat, unsigned offsets:
+        # 2-d indexing of the panel kept this copy from vectorising)
+        body += [f"{ind}bp = carray(stack_empty({K * NR}, np.float32), {K * NR})",
+                 f"{ind}for k in range({K}):",
+                 f"{ind}    so = np.uintp((bb * {K} + k) * {N} + n0)",
+                 f"{ind}    do = np.uintp(k * {NR})"]
+        if ragged_n:
+            body += [f"{ind}    for j in range(nv):",
+                     f"{ind}        bp[do + np.uintp(j)] = {g.b}[so + np.uintp(j)]",
+                     f"{ind}    for j in range(nv, {NR}):",
+                     f"{ind}        bp[do + np.uintp(j)] = np.float32(0.0)"]
+        else:
+            body += [f"{ind}    for j in range({NR}):",
+                     f"{ind}        bp[do + np.uintp(j)] = {g.b}[so + np.uintp(j)]"]
+
+    # the M tiles of this work item
+    def tile_start(gexpr, ind):
+        mt = f"mg * {G} + {gexpr}" if G > 1 else "mg"
+        lines = [f"{ind}mt = {mt}"]
+        if shift:
+            lines += [f"{ind}m0 = {shifted_start(f'mt * {MR}', M, MR)}", f"{ind}skip = mt * {MR} - m0"]
+        else:
+            lines += [f"{ind}m0 = mt * {MR}"]
+        return lines
+
+    def micro(ind, k, gbase, q=0):
+        """One k step of the MR x NR tile at acc[gbase ...], into accumulator set q."""
+        lines = []
+        if flat:
+            lines.append(f"{ind}xo = np.uintp((ba * {M} + m0) * {K} + {k})")
+            for r in range(MR):
+                lines.append(f"{ind}x{r} = {g.a}[xo + np.uintp({r * K})]" if r else f"{ind}x0 = {g.a}[xo]")
+            if g.b_packed:
+                lines.append(f"{ind}wo = np.uintp((nt * {K} + {k}) * {NR})")
+                wv = f"{g.b}[wo + np.uintp(j)]"
+            elif pack:
+                lines.append(f"{ind}wo = np.uintp(({k}) * {NR})")
+                wv = "bp[wo + np.uintp(j)]"
+            else:
+                lines.append(f"{ind}wo = np.uintp((bb * {K} + {k}) * {N} + n0)")
+                wv = f"{g.b}[wo + np.uintp(j)]"
+        else:
+            for r in range(MR):
+                lines.append(f"{ind}x{r} = A[ba, m0 + {r}, {k}]" if r else f"{ind}x0 = A[ba, m0, {k}]")
+            if pack:
+                lines.append(f"{ind}wo = np.uintp(({k}) * {NR})")
+            wv = (f"B[nt, {k}, j]" if g.b_packed else "bp[wo + np.uintp(j)]" if pack
+                  else f"B[bb, {k}, n0 + j]")
+        lines += [f"{ind}for j in range({NR}):", f"{ind}    wv = {wv}"]
+        for r in range(MR):
+            lines.append(f"{ind}    acc[{gbase}{q * MR * NR + r * NR} + j] += x{r} * wv")
+        return lines
+
+    def k_loop(ind, lo, n, gbase):
+        """k over [lo, lo + n) with the body unrolled U times (and a remainder)."""
+        lines = []
+        u = U if n >= U else 1
+        main = n - n % u
+        base = "" if lo == "0" else f"{lo} + "
+        if main and u == 1:
+            lines.append(f"{ind}for k in range({main}):" if lo == "0" else
+                         f"{ind}for k in range({lo}, {lo} + {main}):")
+            lines += micro(ind + "    ", "k", gbase)
+        elif main:
+            lines += [f"{ind}for kk in range({main // u}):", f"{ind}    k = {base}kk * {u}"]
+            for q in range(u):
+                lines += micro(ind + "    ", f"k + {q}" if q else "k", gbase, q % S)
+        for q in range(main, n):
+            lines += micro(ind, f"{base}{q}", gbase)
+        return lines
+
+    body += [f"{ind}for q in range({nacc}):", f"{ind}    acc[q] = np.float32(0.0)"]
+    store = _store_unrolled if cfg.get("store") == "unrolled" else _store
+    if G == 1:
+        body += tile_start("0", ind)
+        body += k_loop(ind, "0", K, "")
+        if S > 1:       # independent accumulator sets for alternate k steps: sum them
+            body += [f"{ind}for q in range({MR * NR}):",
+                     f"{ind}    acc[q] = " + " + ".join(f"acc[q + {t * MR * NR}]" if t else "acc[q]"
+                                                   for t in range(S))]
+        body += store(wl, g, ind, MR, NR, shift, ragged_n, "")
+    else:
+        # G tiles share this item's B columns; with k blocking, a block of B rows is reused
+        # by all G tiles before the next block (their accumulators live on the stack)
+        nkb = K // KC
+        inner = ind
+        if nkb > 1:
+            body.append(f"{ind}for kb in range({nkb}):")
+            inner = ind + "    "
+        body.append(f"{inner}for gi in range({G}):")
+        body += tile_start("gi", inner + "    ")
+        body.append(f"{inner}    ga = gi * {MR * NR}")
+        body += k_loop(inner + "    ", f"kb * {KC}" if nkb > 1 else "0", KC if nkb > 1 else K, "ga + ")
+        body.append(f"{ind}for gi in range({G}):")
+        body += tile_start("gi", ind + "    ")
+        body.append(f"{ind}    ga = gi * {MR * NR}")
+        body += store(wl, g, ind + "    ", MR, NR, shift, ragged_n, "ga + ")
+    return source(args, dtypes, body, views=views)
+
+
+def _store(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bool, ragged_n: bool,
+           gbase: str) -> list:
+    """Bias + epilogue + store of the MR x NR tile (a loop over its rows); only rows >= skip and
+    columns < N are stored."""
+    M, N = g.M, g.N
+    _, bidx = unravel_index("bi", g.batch, "b")     # computed at the item's start
+    lines = [f"{ind}for r in range({'skip, ' if shift else ''}{MR}):",
+             f"{ind}    m = m0 + r"]
+    rl, ridx = unravel_index("m", g.row_dims, "r")
+    lines += [f"{ind}    {ln}" for ln in rl]
+    lines += [f"{ind}    ob = np.uintp((bi * {M} + m) * {N} + n0)",
+              f"{ind}    ra = {gbase}r * {NR}",
+              f"{ind}    for j in range({'nv' if ragged_n else NR}):"]
+    pre = ind + "        "
+    v = "acc[ra + j]"
+    if g.bias:
+        lines.append(f"{pre}a = {v} + {g.bias}[n0 + j]")
+        v = "a"
+    idx = list(bidx) + list(ridx) + (["n0 + j"] if g.col_dims else [])
+    el, final = epilogue(wl, wl.epilogue, v, idx, g.out_shape, wl.outputs[0].dtype,
+                         f"v{wl.anchor.index}", fast_erf=True)
+    lines += [pre + ln for ln in el]
+    lines.append(f"{pre}out0[ob + np.uintp(j)] = {final}")
+    return lines
+
+
+def _store_unrolled(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bool, ragged_n: bool,
+                    gbase: str) -> list:
+    """`_store` with the tile's MR rows written out in the source (constant accumulator offsets)."""
+    lines = []
+    M, N = g.M, g.N
+    _, bidx = unravel_index("bi", g.batch, "b")
+    for r in range(MR):
+        pre = ind
+        if shift:
+            lines.append(f"{ind}if {r} >= skip:")
+            pre = ind + "    "
+        lines.append(f"{pre}m = m0 + {r}")
+        rl, ridx = unravel_index("m", g.row_dims, f"r{r}_")
+        lines += [pre + ln for ln in rl]
+        lines.append(f"{pre}ob = np.uintp((bi * {M} + m) * {N} + n0)")
+        lines.append(f"{pre}for j in range({'nv' if ragged_n else NR}):")
+        v = f"acc[{gbase}{r * NR} + j]"
+        if g.bias:
+            lines.append(f"{pre}    a = {v} + {g.bias}[n0 + j]")
+            v = "a"
+        idx = list(bidx) + list(ridx) + (["n0 + j"] if g.col_dims else [])
+        el, final = epilogue(wl, wl.epilogue, v, idx, g.out_shape, wl.outputs[0].dtype,
+                             f"v{wl.anchor.index}", var=f"e{r}_", fast_erf=True)
+        lines += [pre + "    " + ln for ln in el]
+        lines.append(f"{pre}    out0[ob + np.uintp(j)] = {final}")
+    return lines
+
+
+def plain(t) -> bool:
+    """A tensor laid out as plain row-major memory (the GEMM reads its operands so)."""
+    return same_as_plain(t.shape, t.layout)
+
+
+def epilogue_ok(wl: Workload, anchor_shape: tuple) -> bool:
+    """The GEMM stores one plain float32 output: the end of an elementwise chain of the
+    anchor's shape, whose inputs broadcast against it and whose constants are scalars."""
+    if len(wl.outputs) != 1 or not plain(wl.outputs[0]):
+        return False
+    out = wl.outputs[0]
+    if out.shape != tuple(anchor_shape) or out.dtype != np.float32:
+        return False
+    if wl.output_values[0] != f"v{wl.ops[-1].index}":
+        return False
+    for op in wl.epilogue:
+        if op.op not in SUPPORTED:
+            return False
+        for a in op.args:
+            if a.startswith("v") and "." in a:
+                return False
+            if a.startswith("p") and wl.params[a].size != 1:
+                return False
+            if a.startswith("i"):
+                s = wl.spec(a).shape
+                if len(s) > len(out.shape) or any(
+                        d not in (1, o) for d, o in zip(s[::-1], out.shape[::-1])):
+                    return False
+        if wl.spec(f"v{op.index}").shape != out.shape:
+            return False
+    return True
+
+
+def pack_b(w: np.ndarray, NR: int) -> np.ndarray:
+    """A constant [K, N] right operand packed as [N/NR, K, NR] (zero columns past N)."""
+    K, N = w.shape
+    NT = -(-N // NR)
+    wp = np.zeros((K, NT * NR), np.float32)
+    wp[:, :N] = np.asarray(w, np.float32)
+    return wp.reshape(K, NT, NR).transpose(1, 0, 2)

@@ -1,0 +1,138 @@
+"""The GEMM's config space and its default: the knobs of kernels/gemm.py and a small model of the
+target's FMA pipes and registers that picks the register tile an untuned module runs.
+"""
+from __future__ import annotations
+
+from .. import target
+from .space import ConfigSpace
+from .workload import Workload
+
+MR_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
+NR_VECTORS = [1, 2, 3, 4]      # tile_n candidates, in vectors of the target
+MAX_PANEL_BYTES = 96 * 1024    # a packed B panel on the stack (matmul) stays well inside L2
+
+
+def nr_candidates(lanes: int) -> list:
+    """tile_n candidates: whole vectors (16, 32, 48, 64 float32 on AVX-512)."""
+    return [v * lanes for v in NR_VECTORS]
+
+
+def gemm_space(M: int, K: int, N: int, runtime_b: bool) -> ConfigSpace:
+    """Register tile (tile_m x tile_n), loop order over tiles, M tiles per work item (m_group),
+    k blocking across grouped tiles, k unrolling, independent accumulator sets for alternate k
+    steps (k_split: hides the FMA latency of tiles of few accumulators), indexing style (2-d
+    views or flat unsigned offsets), store rows rolled or written out, and for a runtime B
+    whether each item first packs its columns of B into a stack panel (required when
+    N % tile_n != 0)."""
+    tg = target.current()
+    lanes, most = tg.lanes(4), tg.max_tile_vectors
+    sp = ConfigSpace()
+    mrs = [m for m in MR_CANDIDATES if m <= M] or [M]
+    # one vector, or more when N is wide enough and the padding past N is under a vector (or a
+    # sixteenth of N); N narrower than a vector is one tile
+    nrs = [n for n in nr_candidates(lanes)
+           if n == lanes or n <= N and (-N % n < lanes or -N % n <= N // 16)] if N >= lanes else [N]
+    if runtime_b and N >= lanes:
+        nrs = [n for n in nrs if N % n == 0] or nrs
+    sp.define_knob("tile_m", mrs)
+    sp.define_knob("tile_n", nrs)
+    sp.define_reorder("order", ["m", "n"], candidates=[["m", "n"], ["n", "m"]])
+    mt_max = -(-M // min(mrs))
+    sp.define_knob("m_group", [x for x in (1, 2, 4, 8) if x <= mt_max])
+    kbs = [K] + [c for c in (512, 256, 128) if c < K and K % c == 0]
+    sp.define_knob("k_block", kbs)
+    sp.define_annotate("k_unroll", [u for u in (1, 2, 4) if u <= K])
+    sp.define_knob("k_split", [s for s in (1, 2, 4) if s <= K])
+    sp.define_knob("index", ["2d", "flat"])
+    sp.define_annotate("store", ["rolled", "unrolled"])
+    if runtime_b:
+        sp.define_knob("pack_b", [False, True])
+
+    def ok(cfg):
+        mr, nr = cfg["tile_m"], cfg["tile_n"]
+        if mr * -(-nr // lanes) > most:
+            return False
+        mt = -(-M // mr)
+        if mt % cfg["m_group"]:
+            return False                    # grouped tiles never repeat a tile
+        if cfg["k_block"] != K and cfg["m_group"] == 1:
+            return False                    # k blocking only reorders work across grouped tiles
+        ks = cfg["k_split"]
+        if ks > 1 and (cfg["m_group"] > 1 or cfg["k_unroll"] % ks or nr < 2 * lanes
+                       or ks * mr * -(-nr // lanes) > most):
+            return False    # one set per unrolled k step, in registers (with one vector of
+            #                 columns LLVM vectorised along k instead and ran 7-12x slower)
+        if runtime_b:
+            if cfg["pack_b"] and K * nr * 4 > MAX_PANEL_BYTES:
+                return False
+            if not cfg["pack_b"] and N % nr:
+                return False                # reading B in place needs whole tiles
+        return True
+
+    sp.constraint = ok
+    return sp
+
+
+def knob_values(cfg) -> dict:
+    v = dict(cfg.values)
+    v["order"] = "mn" if v["order"][0] == "m" else "nm"
+    return v
+
+
+def model_cost(M: int, K: int, N: int, batch: int, mr: int, nr: int, split: int = 1,
+               tg: target.Target | None = None) -> float:
+    """Estimated cycles of a register tile choice on target `tg` (default: the current one).
+
+    Per k step the tile issues mr * v multiply-adds (v = nr / lanes vectors) on the FMA pipes,
+    and each accumulator waits for its previous FMA, so fewer than pipes x latency accumulators
+    (8 on AVX-512 machines; times `split` sets) leave the pipes idle; it also issues mr broadcasts
+    and v vector loads of B, which stream from L2 at about one vector per cycle (a 1-row tile, as
+    in a classifier, is bound by them). A tile whose accumulators, B vectors and broadcasts exceed
+    the vector registers (+2: calibrated with 32) spills. Work items are dealt to the target's
+    threads (a partial last round costs a full one); tiles past M are recomputed (shifted) and
+    columns past N are padding. Calibrated on the transformer's shapes on AVX-512 (Zen 5), one
+    thread: 4x64, 6x64 and 8x32 tiles ran at 0.9-1.0 of the best (about 2x numpy's sgemm), 2x32 at
+    0.5, 2x64 at 0.6 (0.73 with k_split 2).
+    """
+    tg = tg or target.current()
+    vec = -(-nr // tg.lanes(4))
+    fmas = mr * vec
+    per_k = max(fmas / float(tg.fma_pipes), float(tg.fma_latency) / split, vec * 1.0) + 0.1 * (mr + vec)
+    if fmas + vec + mr > tg.vector_registers + 2:
+        per_k += 8.0
+    item = K * per_k + fmas * (6 + split) + 40  # k loop, then zero + epilogue + store, overhead
+    items = batch * -(-M // mr) * -(-N // nr)
+    return -(-items // tg.threads) * item
+
+
+HEAVY_EPILOGUE = {"Gelu", "Erf", "Tanh", "Exp", "Log", "Sigmoid", "Softplus", "Mish", "Elu", "Selu",
+                  "Pow", "Sin", "Cos"}
+
+
+def default_gemm(wl: Workload, space: ConfigSpace, M: int, K: int, N: int, batch: int,
+                 runtime_b: bool):
+    """The tile (and k_split) of least `model_cost`; rows of the store written out unless the
+    epilogue is heavy (unrolled stores ran 1.15-1.3x faster for 6x64 and 8x32 tiles; with a GELU
+    they only cost compile time: a 16-row GELU tile took 9 s to compile instead of 3 s)."""
+    store = "rolled" if any(op.op in HEAVY_EPILOGUE for op in wl.epilogue) else "unrolled"
+    splits = next(k.values for k in space.knobs if k.name == "k_split")
+    tg = target.current()
+    best, best_cost = None, None
+    for mr in space.knobs[0].values:
+        for nr in space.knobs[1].values:
+            for split in splits:
+                vals = {"tile_m": mr, "tile_n": nr, "order": ["m", "n"], "m_group": 1,
+                        "k_block": K, "k_unroll": split, "k_split": split, "index": "2d",
+                        "store": store}
+                if runtime_b:
+                    vals["pack_b"] = N % nr != 0
+                cfg = space.from_values(vals)
+                if not space.is_valid(cfg):
+                    continue
+                # ties (common once the FMA pipes are saturated) go to tiles that divide M (no
+                # shifted last tile), then to no split, then to larger tiles
+                cost = model_cost(M, K, N, batch, mr, nr, split, tg) * (1.02 if M % mr else 1.0)
+                c = (round(cost), split, -mr * nr)
+                if best_cost is None or c < best_cost:
+                    best, best_cost = cfg, c
+    return best
