@@ -1,11 +1,9 @@
 """Injective groups: elementwise, broadcast and data-movement ops fused into one loop nest.
 
-Like tinygrad's views, every op here is an index map: the kernel loops over each output's
-logical elements (in the output's physical order, so stores are contiguous) and computes each
-element by walking the group backwards, turning the output index into an index of each input
-(a transpose permutes it, a reshape re-linearises it, a slice scales and shifts it, a concat or
-pad branches on it, broadcasting zeroes it). Layout transforms (plain <-> blocked) are Identity
-groups with different input and output layouts, so they are this template too.
+The kernel loops over each output's logical elements (in the output's physical order, so stores
+are contiguous) and computes each element by the group's index map (index_map.py). Layout
+transforms (plain <-> blocked) are Identity groups with different input and output layouts, so
+they are this template too.
 """
 from __future__ import annotations
 
@@ -13,434 +11,18 @@ import math
 
 import numpy as np
 
-from ..errors import ModelcError
 from .expr import SUPPORTED as ELEMENTWISE
-from .expr import ctor, emit, lit
-from .layout import offset, strides
+from .index_map import IndexMap, pad_folds
+from .layout import offset
+from .resize_map import resize_taps
 from .space import ConfigSpace
-from .template import Kernel, Template, broadcast_index, register, source
+from .template import Kernel, Template, parallel_loop, register, source
 from .workload import Workload
 
 MOVES = {"Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Tile", "Pad", "Split",
          "Flatten", "Squeeze", "Unsqueeze", "Resize", "GatherElements", "GatherND", "Trilu", "OneHot",
          "EyeLike", "DepthToSpace", "SpaceToDepth"}
 CHANNEL_OPS = {"BatchNormalization"}    # elementwise, with parameters along axis 1 (not epilogues)
-MAX_RESIZE_TERMS = 64         # taps per output element (cubic 2-d: 16); antialiased shrinks go beyond
-
-
-def resize_taps(op, in_shape, params) -> list | None:
-    """[(axis, indices (n_out, taps), weights (n_out, taps) or None)] per resized axis, computed
-    at code generation by the reference's own tap rules; None if no kernel should take it."""
-    from ..ops.tensor import _resize_plan, _source_coords, _taps
-    at = op.attrs
-    mode = at.get("mode", "nearest")
-    ctm = at.get("coordinate_transformation_mode", "half_pixel")
-    if mode not in ("nearest", "linear", "cubic"):
-        return None
-    a = op.args
-    scales = params.get(a[2]) if len(a) > 2 and a[2] else None
-    sizes = params.get(a[3]) if len(a) > 3 and a[3] else None
-    if (len(a) > 2 and a[2] and scales is None) or (len(a) > 3 and a[3] and sizes is None):
-        return None
-    roi = None
-    if ctm == "tf_crop_and_resize":    # only it reads the roi: a constant one is a parameter
-        roi = params.get(a[1]) if len(a) > 1 and a[1] else None
-        if len(a) > 1 and a[1] and roi is None:
-            return None
-    out, terms = [], 1
-    for axis, scale, n_out, r in _resize_plan(in_shape, roi, scales, sizes, at.get("axes"),
-                                              at.get("keep_aspect_ratio_policy", "stretch")):
-        n_in = in_shape[axis]
-        trivial_roi = r is None or (math.isclose(r[0], 0.0) and math.isclose(r[1], 1.0))
-        if math.isclose(scale, 1.0) and n_out == n_in and trivial_roi:
-            continue                       # the identity along this axis, as in the reference
-        x, outside = _source_coords(ctm, np.arange(n_out, dtype=np.float64), scale, n_in, n_out, r)
-        idx, w = _taps(x, n_in, scale, mode, at.get("nearest_mode", "round_prefer_floor"),
-                       at.get("cubic_coeff_a", -0.75), at.get("antialias", 0), at.get("exclude_outside", 0))
-        terms *= idx.shape[1]
-        out.append((axis, idx, w, outside if outside is not None and outside.any() else None))
-    return out if terms <= MAX_RESIZE_TERMS else None
-
-
-def _pad_axes(op, in_shape, params) -> list:
-    """[(crop at the start, crop at the end, pad at the start, pad at the end)] per axis."""
-    a = op.args
-    pads = params[a[1]].tolist()
-    r = len(in_shape)
-    axes = params[a[3]].tolist() if len(a) > 3 and a[3] else list(range(r))
-    begin, end = [0] * r, [0] * r
-    for j, ax in enumerate(axes):
-        begin[ax % r], end[ax % r] = pads[j], pads[len(axes) + j]
-    return [(max(-b, 0), max(-e, 0), max(b, 0), max(e, 0)) for b, e in zip(begin, end)]
-
-
-def _pad_folds(op, wl) -> bool:
-    """Reflect/edge/wrap need something to fold into on every padded axis."""
-    shape = wl.spec(op.args[0]).shape
-    return all(d - lo - hi > 0 or not (pb or pe)
-               for d, (lo, hi, pb, pe) in zip(shape, _pad_axes(op, shape, wl.params)))
-
-
-def _expr(i) -> str:
-    """An index as an expression: a blocked channel index (block, lane, size) is re-joined."""
-    if isinstance(i, tuple):
-        blk, lane, size = i
-        return f"({blk}) * {size} + {lane}"
-    return str(i)
-
-
-class _Gen:
-    """Emits the statements computing one output element; returns expression names."""
-
-    def __init__(self, wl: Workload):
-        self.wl = wl
-        self.producer = {}
-        for op in wl.ops:
-            self.producer[f"v{op.index}"] = (op, 0)
-            for k in range(8):
-                self.producer[f"v{op.index}.{k}"] = (op, k)
-        self.n = 0
-        self.params_used = set()
-        self.tables = {}             # generated lookup arrays (Resize taps): name -> array
-
-    def fresh(self):
-        self.n += 1
-        return f"t{self.n}"
-
-    def shape(self, ref):
-        return self.wl.spec(ref).shape
-
-    def value(self, ref: str, idx: list, lines: list, ind: str, memo: dict) -> str:
-        key = (ref, tuple(map(str, idx)))
-        if key in memo:
-            return memo[key]
-        out = self._value(ref, idx, lines, ind, memo)
-        memo[key] = out
-        return out
-
-    def _value(self, ref, idx, lines, ind, memo):
-        wl = self.wl
-        if ref.startswith("i"):
-            k = int(ref[1:])
-            t = wl.inputs[k]
-            return f"in{k}[np.uintp({offset(t.shape, t.layout, idx)})]"
-        if ref.startswith("p"):
-            v = wl.params[ref]
-            if v.size == 1:
-                return lit(v, v.dtype)
-            self.params_used.add(ref)
-            return f"{ref}[np.uintp({offset(v.shape, None, idx)})]"
-        op, slot = self.producer[ref]
-        out_shape = self.shape(ref)
-        dtype = self.wl.spec(ref).dtype
-        a = op.args
-        if op.op in ELEMENTWISE:
-            exprs, consts = [], {}
-            for pos, arg in enumerate(a):
-                if not arg:
-                    exprs.append("")
-                    continue
-                if arg.startswith("p") and wl.params[arg].size == 1:
-                    consts[pos] = wl.params[arg].reshape(())
-                sub = broadcast_index(self.shape(arg), out_shape, idx)
-                exprs.append(self.value(arg, sub, lines, ind, memo))
-            name = self.fresh()
-            arg_dtypes = [self.wl.spec(arg).dtype if arg else None for arg in a]
-            lines.append(f"{ind}{name} = {emit(op.op, exprs, op.attrs, dtype, consts, arg_dtypes)}")
-            return name
-        if op.op == "BatchNormalization":
-            return self._batchnorm(op, idx, dtype, lines, ind, memo)
-        x = a[0]
-        in_shape = self.shape(x)
-        if op.op not in ("Transpose", "Concat"):     # these carry a split channel index along
-            idx = [_expr(i) for i in idx]
-        if op.op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
-            # axes the reshape keeps at either end pass through; only the middle is re-linearised
-            # (a channel shuffle then costs a few operations per channel, not per element, since
-            # the divisions no longer involve the inner loop's index)
-            n = min(len(in_shape), len(out_shape))
-            lo = 0
-            while lo < n and in_shape[lo] == out_shape[lo]:
-                lo += 1
-            hi = 0
-            while hi < n - lo and in_shape[len(in_shape) - 1 - hi] == out_shape[len(out_shape) - 1 - hi]:
-                hi += 1
-            mid_out = list(out_shape[lo:len(out_shape) - hi])
-            mid_in = list(in_shape[lo:len(in_shape) - hi])
-            mid_idx = list(idx[lo:len(idx) - hi])
-            sub_mid = []
-            if mid_in:
-                lin = self.fresh()
-                terms = [f"({_expr(i)}) * {s}" for i, s in zip(mid_idx, strides(mid_out)) if str(i) != "0"]
-                lines.append(f"{ind}{lin} = {' + '.join(terms) if terms else '0'}")
-                sub_mid = [f"({lin} // {s}) % {d}" if s > 1 else f"{lin} % {d}"
-                           for s, d in zip(strides(mid_in), mid_in)]
-            sub = list(idx[:lo]) + sub_mid + list(idx[len(idx) - hi:])
-            return self.value(x, sub, lines, ind, memo)
-        if op.op == "Transpose":
-            perm = op.attrs.get("perm") or list(range(len(in_shape)))[::-1]
-            sub = [None] * len(in_shape)
-            for k, p in enumerate(perm):
-                sub[p] = idx[k]
-            return self.value(x, sub, lines, ind, memo)
-        if op.op in ("Expand",):
-            return self.value(x, broadcast_index(in_shape, out_shape, idx), lines, ind, memo)
-        if op.op == "Tile":
-            return self.value(x, [f"({i}) % {d}" for i, d in zip(idx, in_shape)], lines, ind, memo)
-        if op.op == "Slice":
-            starts, ends = wl.params[a[1]], wl.params[a[2]]
-            axes = wl.params[a[3]] if len(a) > 3 and a[3] else np.arange(len(starts))
-            steps = wl.params[a[4]] if len(a) > 4 and a[4] else np.ones(len(starts), np.int64)
-            sub = list(idx)
-            for s, e, ax, st in zip(starts.tolist(), ends.tolist(), axes.tolist(), steps.tolist()):
-                ax = ax % len(in_shape)
-                r = range(in_shape[ax])[slice(s, e, st)]
-                sub[ax] = f"{r.start} + ({idx[ax]}) * {r.step}" if r.step != 1 else f"{r.start} + {idx[ax]}"
-            return self.value(x, sub, lines, ind, memo)
-        if op.op == "Split":
-            axis = op.attrs.get("axis", 0) % len(in_shape)
-            sizes = self._split_sizes(op, in_shape, axis)
-            sub = list(idx)
-            sub[axis] = f"{sum(sizes[:slot])} + {idx[axis]}"
-            return self.value(x, sub, lines, ind, memo)
-        if op.op == "Concat":
-            axis = op.attrs["axis"] % len(out_shape)
-            ci = idx[axis]
-            sizes = [self.shape(arg)[axis] for arg in a]
-            if isinstance(ci, tuple) and any(n % ci[2] for n in sizes):
-                idx = list(idx)
-                idx[axis] = ci = _expr(ci)
-            name = self.fresh()
-            lines.append(f"{ind}{name} = {lit(0, dtype)}")
-            start = 0
-            for j, arg in enumerate(a):
-                size = self.shape(arg)[axis]
-                if size == 0:
-                    continue
-                sub = list(idx)
-                if isinstance(ci, tuple):      # blocked channels, every part whole blocks
-                    blk, lane, b = ci
-                    cond = f"{blk} < {(start + size) // b}"
-                    sub[axis] = (f"{blk} - {start // b}" if start else blk, lane, b)
-                else:
-                    cond = f"{ci} < {start + size}"
-                    sub[axis] = f"{ci} - {start}" if start else ci
-                lines.append(f"{ind}{'if' if start == 0 else 'elif'} {cond}:")
-                body = []
-                v = self.value(arg, sub, body, ind + "    ", {})
-                lines.extend(body)
-                lines.append(f"{ind}    {name} = {v}")
-                start += size
-            return name
-        if op.op == "Pad" and op.attrs.get("mode", "constant") != "constant":
-            return self._pad_mode(op, x, in_shape, idx, lines, ind, memo)
-        if op.op == "Pad":
-            pads = wl.params[a[1]].tolist()
-            r = len(in_shape)
-            axes = wl.params[a[3]].tolist() if len(a) > 3 and a[3] else list(range(r))
-            begin = [0] * r
-            for j, ax in enumerate(axes):
-                begin[ax % r] = pads[j]
-            if len(a) > 2 and a[2] and not a[2].startswith("p"):    # a run-time pad value
-                cval = self.value(a[2], ["0"] * len(self.shape(a[2])), lines, ind, memo) \
-                    if self.wl.spec(a[2]).size else lit(0, dtype)
-            else:
-                cval = lit(wl.params[a[2]].reshape(()) if len(a) > 2 and a[2] and wl.params[a[2]].size
-                           else np.zeros((), dtype), dtype)
-            sub = [f"{i} - {b}" if b else str(i) for i, b in zip(idx, begin)]
-            conds = [f"0 <= {s} < {d}" for s, d, b, e in zip(sub, in_shape, begin, out_shape)
-                     if b or e != in_shape[sub.index(s)] + b]
-            name = self.fresh()
-            lines.append(f"{ind}{name} = {cval}")
-            lines.append(f"{ind}if {' and '.join(conds) if conds else 'True'}:")
-            body = []
-            v = self.value(x, sub, body, ind + "    ", {})
-            lines.extend(body)
-            lines.append(f"{ind}    {name} = {v}")
-            return name
-        if op.op == "Gather":
-            axis = op.attrs.get("axis", 0) % len(in_shape)
-            ishape = self.shape(a[1])
-            q = len(ishape)
-            iv = self.fresh()
-            index_expr = self.value(a[1], list(idx[axis:axis + q]), lines, ind, memo)
-            self._clip(iv, index_expr, in_shape[axis], lines, ind)
-            sub = list(idx[:axis]) + [iv] + list(idx[axis + q:])
-            return self.value(x, sub, lines, ind, memo)
-        if op.op == "GatherElements":
-            axis = op.attrs.get("axis", 0) % len(in_shape)
-            iv = self.fresh()
-            self._clip(iv, self.value(a[1], list(idx), lines, ind, memo), in_shape[axis], lines, ind)
-            sub = ["0" if d == 1 else i for i, d in zip(idx, in_shape)]   # broadcast, as the reference
-            sub[axis] = iv
-            return self.value(x, sub, lines, ind, memo)
-        if op.op == "GatherND":
-            b = op.attrs.get("batch_dims", 0)
-            ishape = self.shape(a[1])
-            q, k = len(ishape) - 1, ishape[-1]
-            cols = []
-            for j in range(k):
-                iv = self.fresh()
-                self._clip(iv, self.value(a[1], list(idx[:q]) + [str(j)], lines, ind, memo),
-                           in_shape[b + j], lines, ind)
-                cols.append(iv)
-            return self.value(x, list(idx[:b]) + cols + list(idx[q:]), lines, ind, memo)
-        if op.op == "Trilu":
-            # triu keeps col - row >= k, tril keeps col - row <= k; k may be a run-time scalar
-            kk = self.value(a[1], ["0"] * len(self.shape(a[1])), lines, ind, memo) \
-                if len(a) > 1 and a[1] else "0"
-            cmp = ">=" if op.attrs.get("upper", 1) else "<="
-            name = self.fresh()
-            lines.append(f"{ind}{name} = {lit(0, dtype)}")
-            lines.append(f"{ind}if ({idx[-1]}) - ({idx[-2]}) {cmp} np.int64({kk}):")
-            body = []
-            v = self.value(x, list(idx), body, ind + "    ", {})
-            lines.extend(body)
-            lines.append(f"{ind}    {name} = {v}")
-            return name
-        if op.op == "EyeLike":
-            return f"({lit(1, dtype)} if ({idx[1]}) - ({idx[0]}) == {int(op.attrs.get('k', 0))} " \
-                   f"else {lit(0, dtype)})"
-        if op.op == "OneHot":
-            d = out_shape[op.attrs.get("axis", -1) % len(out_shape)]
-            ax = op.attrs.get("axis", -1) % len(out_shape)
-            iv = self.fresh()
-            raw = self.value(x, list(idx[:ax]) + list(idx[ax + 1:]), lines, ind, memo)
-            lines.append(f"{ind}{iv} = np.int64({raw})")
-            lines.append(f"{ind}if {iv} < 0:")
-            lines.append(f"{ind}    {iv} += {d}")
-            off = self.value(a[2], ["0"], lines, ind, memo)
-            on = self.value(a[2], ["1"], lines, ind, memo)
-            return f"({on} if {iv} == {idx[ax]} else {off})"
-        if op.op in ("DepthToSpace", "SpaceToDepth"):
-            return self.value(x, self._blocks(op, in_shape, out_shape, idx), lines, ind, memo)
-        if op.op == "Resize":
-            return self._resize(op, x, in_shape, idx, dtype, lines, ind, memo)
-        raise ModelcError(f"op {op.op} has no injective kernel")
-
-    def _clip(self, iv, index_expr, dim, lines, ind):
-        """`iv` = the index read, negative ones wrapped; one out of range (a run-time input) is
-        clipped, as TVM's take(mode="clip"): never a read outside the buffer (constant indices
-        are checked at import)."""
-        lines.append(f"{ind}{iv} = np.int64({index_expr})")
-        lines.append(f"{ind}if {iv} < 0:")
-        lines.append(f"{ind}    {iv} += {dim}")
-        lines.append(f"{ind}{iv} = min(max({iv}, 0), {dim - 1})")
-
-    @staticmethod
-    def _blocks(op, in_shape, out_shape, idx):
-        """DepthToSpace / SpaceToDepth as index arithmetic (the reference's reshape + transpose)."""
-        b = op.attrs["blocksize"]
-        crd = op.attrs.get("mode", "DCR") == "CRD"
-        n, c, y, x = idx
-        if op.op == "DepthToSpace":
-            cc = out_shape[1]
-            b1, b2 = f"(({y}) % {b})", f"(({x}) % {b})"
-            ch = f"({c}) * {b * b} + {b1} * {b} + {b2}" if crd else f"({b1} * {b} + {b2}) * {cc} + ({c})"
-            return [n, ch, f"({y}) // {b}", f"({x}) // {b}"]
-        ci = in_shape[1]
-        if crd:
-            src, b1, b2 = f"({c}) // {b * b}", f"((({c}) // {b}) % {b})", f"(({c}) % {b})"
-        else:
-            src, b1, b2 = f"(({c}) % {ci})", f"(({c}) // {b * ci})", f"((({c}) // {ci}) % {b})"
-        return [n, src, f"({y}) * {b} + {b1}", f"({x}) * {b} + {b2}"]
-
-    def _pad_mode(self, op, x, in_shape, idx, lines, ind, memo):
-        """Pad reflect / edge / wrap: negative pads crop first (as the reference does), then each
-        padded axis folds its index back into the cropped input."""
-        mode = op.attrs["mode"]
-        sub = list(idx)
-        for ax, (lo, hi, pb, pe) in enumerate(_pad_axes(op, in_shape, self.wl.params)):
-            n = in_shape[ax] - lo - hi
-            if not pb and not pe:
-                if lo:
-                    sub[ax] = f"{idx[ax]} + {lo}"
-                continue
-            j = self.fresh()
-            lines.append(f"{ind}{j} = np.int64({idx[ax]}) - {pb}")
-            if mode == "edge" or n == 1:
-                lines.append(f"{ind}{j} = min(max({j}, 0), {n - 1})")
-            elif mode == "wrap":
-                lines.append(f"{ind}{j} = {j} % {n}")
-            else:                                     # reflect: period 2n - 2, no edge repeated
-                lines.append(f"{ind}{j} = {j} % {2 * n - 2}")
-                lines.append(f"{ind}if {j} >= {n}:")
-                lines.append(f"{ind}    {j} = {2 * n - 2} - {j}")
-            sub[ax] = f"{j} + {lo}" if lo else j
-        return self.value(x, sub, lines, ind, memo)
-
-    def _resize(self, op, x, in_shape, idx, dtype, lines, ind, memo):
-        """Separable resize: per resized axis, input taps and weights come from tables indexed by
-        the output coordinate; the value is the weighted sum over every combination of taps."""
-        plan = resize_taps(op, in_shape, self.wl.params)
-        if plan is None:
-            raise ModelcError("this Resize has no injective kernel")
-        combos = [([], "")]
-        outside = []                  # tf_crop_and_resize: outputs whose source lies outside
-        for axis, tap_idx, w, out_mask in plan:
-            if out_mask is not None:
-                tm = f"rz{op.index}_{axis}_o"
-                self.tables[tm] = out_mask.astype(np.uint8)
-                outside.append(f"{tm}[np.uintp({idx[axis]})]")
-            ntaps = tap_idx.shape[1]
-            ti = f"rz{op.index}_{axis}_i"
-            self.tables[ti] = tap_idx.astype(np.int64).reshape(-1)
-            if w is not None:
-                tw = f"rz{op.index}_{axis}_w"
-                self.tables[tw] = w.astype(dtype if dtype.kind == "f" else np.float64).reshape(-1)
-            grown = []
-            for subs, weight in combos:
-                for t in range(ntaps):
-                    pos = f"np.uintp(({idx[axis]}) * {ntaps} + {t})"
-                    wt = weight if w is None else (f"{weight} * {tw}[{pos}]" if weight else f"{tw}[{pos}]")
-                    grown.append((subs + [(axis, f"{ti}[{pos}]")], wt))
-            combos = grown
-        name = self.fresh()
-        body, bind = lines, ind
-        if outside:                   # the extrapolation value there, as the reference's mask
-            lines.append(f"{ind}{name} = {lit(op.attrs.get('extrapolation_value', 0.0), dtype)}")
-            lines.append(f"{ind}if {' == 0 and '.join(outside)} == 0:")
-            body, bind, memo = [], ind + "    ", {}
-        terms = []
-        for subs, weight in combos:
-            sub = list(idx)
-            for axis, e in subs:
-                sub[axis] = e
-            v = self.value(x, sub, body, bind, memo)
-            if weight and dtype.kind != "f":
-                v = f"np.float64({v})"
-            terms.append(f"{weight} * {v}" if weight else v)
-        if outside:
-            lines.extend(body)
-        total = " + ".join(terms)
-        if dtype.kind != "f" and combos[0][1]:
-            # integers interpolate in float64, then round half to even and saturate, as the reference
-            info = np.iinfo(dtype)
-            total = f"{ctor(dtype)}(min(max(np.rint({total}), {float(info.min)!r}), {float(info.max)!r}))"
-        lines.append(f"{bind}{name} = {total}")
-        return name
-
-    def _batchnorm(self, op, idx, dtype, lines, ind, memo):
-        """Inference BatchNormalization whose statistics are not constants (constant ones are
-        folded into a Mul + Add): x * k + (bias - mean * k), k = scale / sqrt(var + epsilon),
-        its parameters indexed by the channel, as the reference computes it."""
-        x = self.value(op.args[0], idx, lines, ind, memo)
-        c = [_expr(idx[1])]
-        scale, bias, mean, var = (self.value(r, c, lines, ind, memo) for r in op.args[1:5])
-        k, name = self.fresh(), self.fresh()
-        eps = lit(op.attrs.get("epsilon", 1e-5), dtype)
-        lines.append(f"{ind}{k} = {scale} / math.sqrt({var} + {eps})")
-        lines.append(f"{ind}{name} = {x} * {k} + ({bias} - {mean} * {k})")
-        return name
-
-    def _split_sizes(self, op, in_shape, axis):
-        a = op.args
-        if len(a) > 1 and a[1]:
-            return self.wl.params[a[1]].tolist()
-        n = op.attrs.get("num_outputs") or len([1 for o in self.wl.ops for r in o.args
-                                                if r.startswith(f"v{op.index}.")]) or 1
-        size = -(-in_shape[axis] // n)
-        return [min(size, in_shape[axis] - k * size) for k in range(n)]
 
 
 @register
@@ -460,7 +42,7 @@ class Injective(Template):
             if op.op not in ELEMENTWISE and op.op not in MOVES:
                 return False
             if op.op == "Pad" and op.attrs.get("mode", "constant") != "constant" and (
-                    any(x.startswith("i") for x in op.args[1:] if x) or not _pad_folds(op, wl)):
+                    any(x.startswith("i") for x in op.args[1:] if x) or not pad_folds(op, wl)):
                 return False                    # nothing to reflect or repeat: the reference says why
             if op.op in ("DepthToSpace", "SpaceToDepth") and len(wl.spec(op.args[0]).shape) != 4:
                 return False
@@ -481,7 +63,7 @@ class Injective(Template):
         return sp
 
     def build(self, wl: Workload, cfg) -> Kernel:
-        gen = _Gen(wl)
+        gen = IndexMap(wl)
         body = []
         for k, (out, ref) in enumerate(zip(wl.outputs, wl.output_values)):
             body += self._loop(gen, k, out, ref)
@@ -493,7 +75,7 @@ class Injective(Template):
             [params[p].dtype for p in sorted(params)]
         return Kernel(source(args, dtypes, body or ["pass"]), args, lambda consts: dict(params))
 
-    def _loop(self, gen: _Gen, k: int, out, ref: str) -> list:
+    def _loop(self, gen: IndexMap, k: int, out, ref: str) -> list:
         shape = out.shape
         if out.layout:                      # iterate in physical order: n, c block, y, x, lane
             b = out.layout[0]
@@ -507,7 +89,7 @@ class Injective(Template):
             logical = names[:len(shape)]
         outer = dims[:-1]
         total = math.prod(outer) if outer else 1
-        lines = [f"for it in prange({total}):"]
+        lines = [parallel_loop("it", total)]
         rest = "it"
         for j in range(len(outer) - 1, -1, -1):
             if j == 0:

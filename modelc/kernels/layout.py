@@ -12,13 +12,17 @@ import math
 
 import numpy as np
 
+from .. import target
 
-def choose_block(channels: int) -> int:
-    """The channel block: one AVX-512 vector (16 float32) when it divides C, never padding C."""
-    for b in (16, 8):
-        if channels % b == 0:
+
+def choose_block(channels: int, lanes: int | None = None) -> int:
+    """The channel block: one vector of float32 (`lanes`, by default the target's: 16 with AVX-512,
+    8 with AVX2) when it divides C, else half a vector; C itself up to one vector; never padding C."""
+    v = lanes or target.current().lanes(4)
+    for b in (v, v // 2):
+        if b > 1 and channels % b == 0:
             return b
-    if channels <= 16:
+    if channels <= v:
         return channels
     return 4 if channels % 4 == 0 else (2 if channels % 2 == 0 else 1)
 

@@ -17,7 +17,7 @@ from .expr import ctor
 from .pool import chain_ok
 from .rows import default_rows, define_rows, finish, knob_values, store
 from .space import ConfigSpace
-from .template import Kernel, Template, register
+from .template import Kernel, Template, parallel_loop, register
 from .workload import Workload
 
 
@@ -80,7 +80,7 @@ class ReduceLogSumExp(Template):
             return lines
 
         ind = "        "
-        body = [f"for it in prange({-(-total // RPT)}):",
+        body = [parallel_loop("it", -(-total // RPT)),
                 f"    for o in range(it * {RPT}, min(it * {RPT} + {RPT}, {total})):"]
         body += [ind + ln for ln in decode("o", kept, "base")]
         body += [f"{ind}m = -np.inf",

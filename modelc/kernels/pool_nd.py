@@ -15,12 +15,12 @@ import math
 
 import numpy as np
 
-from ..ops.nn import _geometry
+from ..ops.window import window_geometry
 from .expr import ctor, lit
 from .pool import chain_ok
 from .rows import default_rows, define_rows, knob_values, store
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue_inputs, register, source
+from .template import Kernel, Template, epilogue_inputs, parallel_loop, register, source
 from .workload import Workload
 
 OPS = ("MaxPool", "AveragePool", "LpPool")
@@ -30,9 +30,9 @@ def _geo(wl: Workload):
     a = wl.anchor
     x = wl.spec(a.args[0])
     at = a.attrs
-    return x.shape, _geometry(tuple(x.shape[2:]), at.get("kernel_shape"), at.get("strides"),
-                              at.get("dilations"), at.get("pads"), at.get("auto_pad", "NOTSET") or "NOTSET",
-                              int(at.get("ceil_mode", 0)))
+    return x.shape, window_geometry(tuple(x.shape[2:]), at.get("kernel_shape"), at.get("strides"),
+                                    at.get("dilations"), at.get("pads"), at.get("auto_pad", "NOTSET") or "NOTSET",
+                                    int(at.get("ceil_mode", 0)))
 
 
 def _outputs_mode(wl: Workload):
@@ -122,7 +122,7 @@ class PoolNd(Template):
         nt = -(-total // RPT)
         mode = _outputs_mode(wl)
         op = a.op
-        body = [f"for it in prange({nt}):",
+        body = [parallel_loop("it", nt),
                 f"    for o in range(it * {RPT}, min(it * {RPT} + {RPT}, {total})):",
                 "        q = o"]
         ind = "        "

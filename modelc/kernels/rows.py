@@ -21,7 +21,7 @@ from .. import target
 from .layout import strides
 from .pool import anchor_ref
 from .space import ConfigSpace
-from .template import Kernel, epilogue, epilogue_inputs, source
+from .template import Kernel, epilogue, epilogue_inputs, parallel_loop, source
 from .workload import Workload
 
 RPT_CANDIDATES = [1, 2, 4, 8, 16, 32, 64]
@@ -76,7 +76,7 @@ def row_fold(L: int, base: str, load, comb, init: str, scalar: str, ind: str = "
 def tasks_loop(rows: int, rpt: int, prologue: list) -> tuple[list, str]:
     """The parallel loop over tasks of `rpt` rows; returns (lines, indentation of a row body)."""
     nt = -(-rows // rpt)
-    lines = [f"for it in prange({nt}):"] + ["    " + ln for ln in prologue]
+    lines = [parallel_loop("it", nt)] + ["    " + ln for ln in prologue]
     if rpt == 1:
         return lines + ["    o = it"], "    "
     return lines + [f"    for o in range(it * {rpt}, min(it * {rpt} + {rpt}, {rows})):"], "        "

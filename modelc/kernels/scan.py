@@ -13,7 +13,7 @@ import math
 from .pool import chain_ok
 from .rows import axis_index, default_rows, define_rows, finish, knob_values, store
 from .space import ConfigSpace
-from .template import INT_OR_FLOAT, Kernel, Template, plain_anchor_input, register
+from .template import INT_OR_FLOAT, Kernel, Template, parallel_loop, plain_anchor_input, register
 from .workload import Workload
 
 
@@ -27,7 +27,7 @@ def column_loop(outer: int, L: int, inner: int, rpt: int, prologue=()) -> tuple[
     `q` (inner offset) and `base` (offset of the column's first element)."""
     cols = outer * inner
     nt = -(-cols // rpt)
-    lines = [f"for it in prange({nt}):"] + ["    " + ln for ln in prologue]
+    lines = [parallel_loop("it", nt)] + ["    " + ln for ln in prologue]
     lines += [f"    for o in range(it * {rpt}, min(it * {rpt} + {rpt}, {cols})):",
               f"        ob = o // {inner}",
               f"        q = o % {inner}",

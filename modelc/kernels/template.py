@@ -115,9 +115,10 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
     """A complete kernel module: a serial `kernel` over items [lo, hi) of the body's parallel loops.
 
     Templates write the body as numba code over 1-d arrays named by `args`, with their parallel
-    work as top-level `for i in prange(N):` loops (N a literal). The loops become one range of
-    items, N1 + N2 + ...; a `cfunc` computes a contiguous part of it and the launcher's driver
-    spreads the parts over the threads (launch.py says why). A body with no such loop is one item.
+    work as top-level loops whose headers are `parallel_loop(var, N)` lines. The loops become one
+    range of items, N1 + N2 + ...; a `cfunc` computes a contiguous part of it and the launcher's
+    driver spreads the parts over the threads (launch.py says why). A body with no such loop is
+    one item.
     `views` ({name: (arg, shape)}) are n-d arrays over an argument's memory. They are made from the
     argument's pointer, not by `arg.reshape`: numba's reshape leaves shape, strides and data in
     memory LLVM cannot see through, so a GEMM's accumulators were spilled and the kernel ran 4x
@@ -151,14 +152,38 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
     return "\n".join(out) + "\n"
 
 
+class ParallelLoop(str):
+    """A body line that heads a parallel loop, `for var in prange(n):`: `source` runs the items
+    of a body's parallel loops on the threads. A line of this type says so by itself, so nothing
+    has to recognise loops in text (an indented or rewritten copy is a plain line again)."""
+
+    var: str
+    n: int
+
+    def __new__(cls, var: str, n: int):
+        line = super().__new__(cls, f"for {var} in prange({int(n)}):")
+        line.var, line.n = var, int(n)
+        return line
+
+
+def parallel_loop(var: str, n: int) -> ParallelLoop:
+    """The header of a top-level loop of `n` independent items over `var` (see `source`)."""
+    return ParallelLoop(var, n)
+
+
 def _chunked(body: list) -> tuple[list, int]:
-    """`body` with its top-level `for v in prange(N):` loops restricted to items [lo, hi)."""
-    loops = [(k, m) for k, ln in enumerate(body) if (m := _PRANGE.fullmatch(ln))]
+    """`body` with its parallel loops restricted to items [lo, hi)."""
+    loops = [(k, ln) for k, ln in enumerate(body) if isinstance(ln, ParallelLoop)]
+    if not loops:
+        loops = [(k, ParallelLoop(m.group(1), int(m.group(2))))
+                 for k, ln in enumerate(body) if (m := _PRANGE.fullmatch(ln))]
+    elif any(not isinstance(ln, ParallelLoop) and _PRANGE.fullmatch(ln) for ln in body):
+        raise ModelcError("a kernel body mixes declared parallel loops with prange loops written as text")
     if not loops:
         return ["if lo < hi:"] + ["    " + ln for ln in body], 1
     out, start = list(body), 0
-    for k, m in loops:
-        var, n = m.group(1), int(m.group(2))
+    for k, loop in loops:
+        var, n = loop.var, loop.n
         if len(loops) == 1:
             out[k] = f"for {var} in range(lo, hi):"
         else:
@@ -167,6 +192,7 @@ def _chunked(body: list) -> tuple[list, int]:
     return out, start
 
 
+# Loops written as text, by templates that do not declare theirs with `parallel_loop` yet.
 _PRANGE = re.compile(r"for (\w+) in prange\((\d+)\):")
 
 
@@ -249,5 +275,6 @@ def epilogue_inputs(ops: list) -> list:
 
 
 __all__ = ["KERNEL_DTYPES", "FALLBACK_DTYPES", "unsupported_dtype", "Kernel", "Template", "TEMPLATES",
-           "register", "select", "alternatives", "get", "source", "epilogue", "epilogue_inputs",
+           "register", "select", "alternatives", "get", "source", "parallel_loop", "ParallelLoop", "epilogue",
+           "epilogue_inputs",
            "broadcast_index", "ctor", "lit"]
