@@ -1,6 +1,6 @@
 """Scaffolding the kernel templates share when they write source: splitting the parallel item into
 coordinates, shifting a last tile back, the argument list and packing of a kernel with packed
-weights, and picking tile sizes that fit a row.
+weights, and the defaults' tests of a tile's waste and of whether to run in parallel.
 
 Each helper returns exactly the text the templates wrote by hand before, so sharing them left every
 generated kernel byte-identical.
@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import target
 from .template import Kernel, epilogue_inputs, source
 from .workload import Workload
 
@@ -107,3 +108,10 @@ def packed_kernel(wl: Workload, body: list, pack_weights: Callable) -> Kernel:
     x_arg, w_arg, b_arg = anchor_operands(wl)
     args, dtypes = packed_args(wl, x_arg, b_arg is not None)
     return Kernel(source(args, dtypes, body), args, packer(w_arg, b_arg, pack_weights))
+
+
+def worth_parallel(work: int, per_thread: int) -> bool:
+    """Whether `work` is worth spreading over the target's threads: there are several, and each
+    gets at least `per_thread` of it (below that, waking them costs more than it saves)."""
+    threads = target.current().threads
+    return threads > 1 and work >= per_thread * threads

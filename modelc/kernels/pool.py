@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import target
+from .codegen import ParallelItem, row_waste, shifted_start, worth_parallel
 from .expr import SUPPORTED, ctor, lit
 from .layout import offset
 from .space import ConfigSpace
@@ -36,7 +38,9 @@ OWT_BLOCKED = [1, 2, 3, 4, 6, 7, 8]           # pixels per tile, written out in 
 OWT_PLAIN = [16, 32, 64]                       # a loop over pixels (8 stayed scalar)
 OHT_CANDIDATES = [1, 2, 4, 8]
 MAX_TAPS = 128                                 # window taps x tile pixels written out
-PARALLEL_MIN = 65536                           # window taps below which one thread is the default
+PARALLEL_MIN = 32768                           # window taps per thread for a parallel default
+GLOBAL_PARALLEL_MIN = 16384                    # pixels per thread for a parallel global pool
+GLOBAL_TASKS_PER_THREAD = 8                    # a global pool's default parallel tasks per thread
 
 
 def anchor_ref(wl: Workload) -> str | None:
@@ -131,24 +135,21 @@ class Pool2d(Template):
     def default_config(self, wl: Workload, space: ConfigSpace):
         g = _geometry(wl)
         if wl.anchor.op.startswith("Global"):
-            vals = {"parallel": g["N"] * g["C"] * g["H"] * g["W"] >= 32768}
+            vals = {"parallel": worth_parallel(g["N"] * g["C"] * g["H"] * g["W"], GLOBAL_PARALLEL_MIN)}
             if g["B"] > 1:
                 runs = space.knobs[0].values
                 vals["run"] = min(runs, key=lambda p: abs(p * g["B"] - 64))
             ppt = space.knobs[-2].values
-            want = max(1, g["N"] * g["CB"] // 16)
+            want = max(1, g["N"] * g["CB"] // (GLOBAL_TASKS_PER_THREAD * target.current().threads))
             vals["planes_per_task"] = min(ppt, key=lambda p: abs(p - want))
             return space.from_values(vals)
         owts = space.knobs[0].values
         interior = max(g["owb"] - g["owa"], 1)
         want = 4 if g["B"] > 1 else 32
-
-        def waste(t):
-            return (-(-interior // t) * t - interior) / interior
-
+        waste = row_waste(interior)
         best = min(owts, key=lambda t: (waste(t) > 0.25, abs(t - want), -t))
         work = g["N"] * g["C"] * g["OH"] * g["OW"] * g["KH"] * g["KW"]
-        return space.from_values({"tile_ow": best, "tile_oh": 1, "parallel": work >= PARALLEL_MIN})
+        return space.from_values({"tile_ow": best, "tile_oh": 1, "parallel": worth_parallel(work, PARALLEL_MIN)})
 
     def build(self, wl: Workload, cfg) -> Kernel:
         if wl.anchor.op.startswith("Global"):
@@ -227,11 +228,10 @@ def _build_window(wl: Workload, cfg) -> Kernel:
         return f"({' + '.join(rows)}) * inv"
 
     NOT = -(-OH // OHT)
+    item = ParallelItem()
     body = [f"for it in prange({g['N'] * g['CB'] * NOT}):",
-            f"    t = it % {NOT}",
-            f"    rest = it // {NOT}",
-            f"    cb = rest % {g['CB']}",
-            f"    n = rest // {g['CB']}",
+            *item.take("t", NOT),
+            *item.last("cb", g["CB"], "n"),
             f"    plane = n * {x_n} + cb * {x_c}",
             f"    tile = carray(stack_empty({OWT * B}, {T}), {OWT * B})",
             "    oz = min(out0.shape[0], 0)",
@@ -259,7 +259,7 @@ def _build_window(wl: Workload, cfg) -> Kernel:
     if LI > 0:
         NT = -(-LI // OWT)
         body += [f"        for tt in range({NT}):",
-                 f"            ow0 = min({owa} + tt * {OWT}, {owb - OWT})",
+                 f"            ow0 = {shifted_start(f'{owa} + tt * {OWT}', owb, OWT)}",
                  f"            xc = np.uintp((ow0 * {sw} - {pl} + {hin}) * {x_w})"]
         if not is_max:
             body += [f"            inv = {one} / {T}(ch * {KW})"]
@@ -340,8 +340,7 @@ def _build_global(wl: Workload, cfg) -> Kernel:
         R = P * B
         body += [f"    acc = carray(stack_empty({R}, {T}), {R})"]
     body += [f"    for pi in range(it * {PT}, min(it * {PT} + {PT}, {tasks})):",
-             f"        cb = pi % {g['CB']}",
-             f"        n = pi // {g['CB']}",
+             *ParallelItem("pi", ind="        ").last("cb", g["CB"], "n"),
              "        oh = 0",
              f"        plane = n * {x_n} + cb * {x_c}"]
     if B > 1:

@@ -1,0 +1,147 @@
+"""Templates' defaults follow the target: on an AVX2 machine (16 registers of 8 float32) the
+default register tiles of conv2d, Winograd, depthwise, the generic conv and dense fit its 12
+accumulator vectors, and on an AVX-512 one (32 registers of 16) they are the tiles tuned there."""
+import pytest
+
+from modelc import target
+from modelc.kernels import template, templates  # noqa: F401  (registers the templates)
+from modelc.kernels.gemm_space import model_cost
+from modelc.kernels.layout import choose_block
+from modelc.kernels.workload import Workload
+from modelc.target import Target
+
+AVX2 = Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads=2)
+AVX512 = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl", threads=2)
+
+
+def conv(C, H, K, k=3, s=1, p=1, group=1, layout=True):
+    OH = (H + 2 * p - k) // s + 1
+    cb, kb = choose_block(C), choose_block(K)
+    wshape = [K, C // group, k, k]
+    return Workload({"version": 1, "params": {},
+                     "inputs": [{"shape": [1, C, H, H], "dtype": "float32", "const": False,
+                                 "layout": [cb, p] if layout else None},
+                                {"shape": wshape, "dtype": "float32", "const": True},
+                                {"shape": [K], "dtype": "float32", "const": True}],
+                     "ops": [{"op": "Conv", "args": ["i0", "i1", "i2"],
+                              "attrs": {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4,
+                                        "dilations": [1, 1], "group": group}},
+                             {"op": "Relu", "attrs": {}, "args": ["v0"]}],
+                     "outputs": [{"shape": [1, K, OH, OH], "dtype": "float32", "value": "v1",
+                                  "layout": [kb, 0] if layout else None}]})
+
+
+def dense(M, K, N):
+    return Workload({"version": 1, "params": {},
+                     "inputs": [{"shape": [M, K], "dtype": "float32", "const": False},
+                                {"shape": [K, N], "dtype": "float32", "const": True},
+                                {"shape": [N], "dtype": "float32", "const": True}],
+                     "ops": [{"op": "Dense", "attrs": {}, "args": ["i0", "i1", "i2"]}],
+                     "outputs": [{"shape": [M, N], "dtype": "float32", "value": "v0"}]})
+
+
+RESNET = [(64, 56, 64, 3, 1), (64, 56, 128, 3, 2), (128, 28, 128, 3, 1), (256, 14, 256, 3, 1),
+          (512, 7, 512, 3, 1), (256, 14, 512, 1, 2), (3, 224, 64, 7, 2), (40, 28, 40, 3, 1)]
+MOBILENET_DW = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (192, 28, 2), (576, 14, 1), (960, 7, 1)]
+DENSE = [(128, 256, 256), (128, 256, 1024), (128, 1024, 256), (1, 512, 1000), (7, 40, 23), (64, 64, 100)]
+
+
+def default(wl, name, tg):
+    with target.use(tg):
+        t = template.get(name)
+        assert t.matches(wl)
+        sp = t.space(wl)
+        cfg = t.default_config(wl, sp)
+        assert sp.is_valid(cfg)
+        return sp, cfg
+
+
+def vectors(channels, lanes):
+    return -(-channels // lanes)
+
+
+@pytest.mark.parametrize("C,H,K,k,s", RESNET)
+def test_conv2d_default_fits_the_registers(C, H, K, k, s):
+    wl = conv(C, H, K, k, s, p=k // 2)
+    _, cfg = default(wl, "conv2d", AVX2)
+    kb = choose_block(K)
+    acc = cfg["tile_ow"] * cfg["tile_oh"] * vectors(cfg["tile_oc_blocks"] * kb, 8)
+    assert acc <= 12
+
+
+@pytest.mark.parametrize("C,H,K,k,s", RESNET)
+def test_conv2d_space_never_spills_on_avx2(C, H, K, k, s):
+    wl = conv(C, H, K, k, s, p=k // 2)
+    sp, _ = default(wl, "conv2d", AVX2)
+    kb = choose_block(K)
+    for i in sp.valid_indices():
+        c = sp.get(i)
+        assert c["tile_ow"] * c["tile_oh"] * vectors(c["tile_oc_blocks"] * kb, 8) <= 12
+
+
+def test_conv2d_default_on_avx512_is_the_tuned_one():
+    """14 output columns x one 16-lane vector of channels, as measured on AVX-512 machines."""
+    _, cfg = default(conv(64, 56, 64), "conv2d", AVX512)
+    assert (cfg["tile_ow"], cfg["tile_oc_blocks"], cfg["tile_oh"]) == (14, 1, 1)
+    _, cfg = default(conv(512, 7, 512), "conv2d", AVX512)
+    assert (cfg["tile_ow"], cfg["tile_oc_blocks"]) == (7, 1)
+    _, cfg = default(conv(40, 28, 40), "conv2d", AVX512)            # blocks of 8: two per vector
+    assert (cfg["tile_ow"], cfg["tile_oc_blocks"]) == (14, 2)
+    _, cfg = default(conv(64, 56, 64), "conv2d", AVX2)
+    assert cfg["tile_ow"] * cfg["tile_oc_blocks"] * 16 // 8 <= 12 and cfg["tile_ow"] < 14
+
+
+@pytest.mark.parametrize("C,H,K,k,s", RESNET[:5])
+def test_winograd_default_fits_the_registers(C, H, K, k, s):
+    if s != 1:
+        return
+    wl = conv(C, H, K, k, s)
+    _, cfg = default(wl, "conv2d_winograd", AVX2)
+    assert cfg["tile_tiles"] * vectors(cfg["tile_oc_blocks"] * choose_block(K), 8) <= 12
+    _, cfg = default(wl, "conv2d_winograd", AVX512)
+    assert cfg["tile_tiles"] == min(8, (-(-H // 4)) ** 2) and cfg["tile_oc_blocks"] * choose_block(K) == 32
+
+
+@pytest.mark.parametrize("C,H,s", MOBILENET_DW)
+def test_depthwise_default_fits_the_registers(C, H, s):
+    wl = conv(C, H, C, 3, s, group=C)
+    _, cfg = default(wl, "depthwise_conv2d", AVX2)
+    b = choose_block(C)
+    assert cfg["tile_ow"] * cfg["tile_oh"] * vectors(b, 8) <= 12
+    _, cfg = default(wl, "depthwise_conv2d", AVX512)
+    assert cfg["tile_oh"] == 1 and cfg["tile_ow"] == min(8, (H + s - 1) // s) if H >= 8 else True
+
+
+def test_generic_conv_channel_tile_fits_the_registers():
+    wl = conv(64, 28, 64, 3, 1, group=2, layout=False)
+    _, cfg = default(wl, "conv_generic", AVX2)
+    assert cfg["vector_axis"] == "oc"
+    assert cfg["tile_ow"] * vectors(cfg["tile_oc"], 8) <= 12
+    _, cfg = default(wl, "conv_generic", AVX512)
+    assert cfg["vector_axis"] == "oc" and cfg["tile_ow"] * cfg["tile_oc"] == 14 * 16
+
+
+@pytest.mark.parametrize("M,K,N", DENSE)
+def test_dense_default_fits_the_registers(M, K, N):
+    sp, cfg = default(dense(M, K, N), "dense", AVX2)
+    assert cfg["k_split"] * cfg["tile_m"] * vectors(cfg["tile_n"], 8) <= 12
+    tiles = next(k.values for k in sp.knobs if k.name == "tile_n")
+    assert all(n % 8 == 0 for n in tiles) or tiles == [N]
+
+
+def test_dense_candidates_are_whole_vectors_of_the_target():
+    sp, cfg = default(dense(128, 256, 192), "dense", AVX512)
+    assert sp.knobs[1].values == [16, 32, 48, 64]
+    _, cfg = default(dense(128, 256, 256), "dense", AVX512)
+    assert (cfg["tile_m"], cfg["tile_n"]) in {(4, 64), (6, 64), (8, 32)}        # tuned on AVX-512
+    sp, _ = default(dense(128, 256, 192), "dense", AVX2)
+    assert sp.knobs[1].values == [8, 16, 24, 32]
+
+
+def test_gemm_model_follows_the_target():
+    """Fewer threads, fewer registers, slower pipes: never a cheaper estimate."""
+    one = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f", threads=1)
+    assert model_cost(128, 256, 256, 1, 6, 64, tg=one) > model_cost(128, 256, 256, 1, 6, 64, tg=AVX512)
+    # 6 x 64 is 24 accumulators: they fit AVX-512's 32 registers, AVX2's 16 spill
+    assert model_cost(128, 256, 256, 1, 6, 64, tg=AVX2) > model_cost(128, 256, 256, 1, 6, 64, tg=AVX512)
+    assert model_cost(128, 256, 256, 1, 4, 16, tg=AVX2) < model_cost(128, 256, 256, 1, 6, 64, tg=AVX2)
