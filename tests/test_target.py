@@ -96,7 +96,8 @@ def test_fast_erf_is_an_option_of_the_emitter():
 def test_unsigned_epilogue_reads():
     wl = Workload({"version": 1, "inputs": [{"shape": [2, 8], "dtype": "float32", "const": False},
                                             {"shape": [8], "dtype": "float32", "const": False}],
-                   "ops": [{"op": "Relu", "attrs": {}, "args": ["i0"]}, {"op": "Add", "attrs": {}, "args": ["v0", "i1"]}],
+                   "ops": [{"op": "Relu", "attrs": {}, "args": ["i0"]},
+                           {"op": "Add", "attrs": {}, "args": ["v0", "i1"]}],
                    "params": {}, "outputs": [{"shape": [2, 8], "dtype": "float32", "value": "v1"}]})
     lines, _ = template.epilogue(wl, wl.ops[1:], "a", ["n", "j"], (2, 8), "float32", "v0")
     assert lines == ["e0 = (a + in1[j])"]

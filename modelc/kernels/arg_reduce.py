@@ -93,8 +93,8 @@ class ArgReduce(Template):
             return finish(wl, body, [x_arg], cfg["parallel"])
 
         W = min(cfg["vector_width"], inner)
-        body, ind, nfull, tail = column_tasks(outer, inner, L, W, RPT, [f"acc = carray(stack_empty({W}, {ctor(dt)}), {W})",
-                                                                          f"aci = carray(stack_empty({W}, np.int64), {W})"])
+        stacks = [f"acc = carray(stack_empty({W}, {ctor(dt)}), {W})", f"aci = carray(stack_empty({W}, np.int64), {W})"]
+        body, ind, nfull, tail = column_tasks(outer, inner, L, W, RPT, stacks)
 
         def column(ind, width):
             lines = [f"{ind}for q in range({width}):",

@@ -116,8 +116,8 @@ class PoolNd(Template):
         sp = shape[2:]
         P = math.prod(sp)
         st = [math.prod(sp[d + 1:]) for d in range(nd)]
-        O = geo.out
-        total = shape[0] * shape[1] * math.prod(O)
+        out_sp = geo.out
+        total = shape[0] * shape[1] * math.prod(out_sp)
         RPT = cfg["rows_per_task"]
         nt = -(-total // RPT)
         mode = _outputs_mode(wl)
@@ -127,7 +127,7 @@ class PoolNd(Template):
                 "        q = o"]
         ind = "        "
         for d in reversed(range(nd)):
-            body += [f"{ind}o{d} = q % {O[d]}", f"{ind}q = q // {O[d]}"]
+            body += [f"{ind}o{d} = q % {out_sp[d]}", f"{ind}q = q // {out_sp[d]}"]
         body += [f"{ind}xb = q * {P}"]
         for d in range(nd):
             body += [f"{ind}s{d} = o{d} * {geo.strides[d]} - {geo.begin[d]}"]

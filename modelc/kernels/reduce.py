@@ -169,9 +169,9 @@ class Reduce(Template):
             body += store(wl, ind, post("tot"), "o")
             return finish(wl, body, [x_arg], cfg["parallel"], EXTRA)
 
-        I = g["inner"]
-        W = min(cfg["vector_width"], I)
-        nfull, tail = I // W, I % W
+        inner = g["inner"]
+        W = min(cfg["vector_width"], inner)
+        nfull, tail = inner // W, inner % W
         nblk = nfull + (tail > 0)
         body, ind = tasks_loop(g["outer"] * nblk, RPT, [f"acc = carray(stack_empty({W}, {A}), {W})"])
         body += [f"{ind}ob = o // {nblk}", f"{ind}blk = o % {nblk}"]
@@ -186,7 +186,7 @@ class Reduce(Template):
                       f"{ind2}for q in range({width}):",
                       f"{ind2}    acc[q] = {comb('acc[q]', load('xb + np.uintp(q)'))}"]
             lines += [f"{ind}for q in range({width}):"]
-            lines += store(wl, ind + "    ", post("acc[q]"), f"np.uintp(ob * {I} + blk * {W} + q)")
+            lines += store(wl, ind + "    ", post("acc[q]"), f"np.uintp(ob * {inner} + blk * {W} + q)")
             return lines
 
         body += column_blocks(ind, nfull, tail, W, column)
