@@ -2,7 +2,9 @@
 
 Each op maps to a fixed expression over its operands' expressions; nothing from the model but
 numbers reaches the source. Literals are typed (`np.float32(0.5)`) because a bare Python float
-would promote float32 arithmetic to float64 inside numba and halve the vector width.
+would promote float32 arithmetic to float64 inside numba and halve the vector width. Helpers an
+expression calls (fast_sigmoid32, pow_exact, ...) are defined in the kernel module by
+intrinsics.helpers.
 """
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import math
 import numpy as np
 
 from ..errors import ModelcError
-from .intrinsics import FASTMATH, helpers  # noqa: F401  (the emitter's helpers; FASTMATH re-exported)
 
 _NP = {"float32": "np.float32", "float64": "np.float64", "int64": "np.int64", "int32": "np.int32",
        "int8": "np.int8", "uint8": "np.uint8", "bool": "np.bool_",
