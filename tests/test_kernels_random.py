@@ -3,16 +3,12 @@
 Each example compiles one kernel, so the example counts stay small; the seeds are fixed
 (derandomize) so CI runs the same cases every time and a failure reproduces.
 """
-import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from modelc.kernels import template, templates, testing  # noqa: F401
 from modelc.kernels.workload import Workload
-from test_kernels_conv import dw_wl
-from test_kernels_conv2d import conv_wl
-from test_kernels_dense import dense_wl, matmul_wl
-from test_kernels_reduce import pool_wl, red_wl
+from workloads import conv2d_wl, dense_wl, dw_wl, matmul_wl, pool_wl, red_wl
 
 SETTINGS = settings(max_examples=4, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
@@ -34,7 +30,7 @@ def _check(wl, name, pick):
        ks=st.sampled_from([1, 3]), s=st.sampled_from([1, 2]), res=st.booleans(), pick=st.integers(0, 10**6))
 def test_conv2d(c, k, hw, ks, s, res, pick):
     p = ks // 2
-    _check(conv_wl(C=c, H=hw, W=hw + 1, K=k, k=ks, s=s, p=p, hin=p, hout=pick % 2, residual=res), "conv2d", pick)
+    _check(conv2d_wl(C=c, H=hw, W=hw + 1, K=k, k=ks, s=s, p=p, hin=p, hout=pick % 2, residual=res), "conv2d", pick)
 
 
 @SETTINGS
