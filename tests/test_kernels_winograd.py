@@ -15,7 +15,7 @@ from modelc.kernels.workload import Workload
 from modelc.tune import records as R
 from modelc.extract import extract_tasks
 
-from test_kernels_conv2d import conv_wl
+from workloads import conv2d_wl
 
 WINO = get("conv2d_winograd")
 
@@ -42,7 +42,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"c{c['C']}k{c['K']}h{c['H']}w{c['W']}p{c['p']}")
 def test_every_variant_matches_the_reference(case):
-    wl = conv_wl(**case)
+    wl = conv2d_wl(**case)
     assert WINO.matches(wl) and template.select(wl).name == "conv2d"
     space = WINO.space(wl)
     default = WINO.default_config(wl, space)
@@ -64,7 +64,7 @@ def test_every_variant_matches_the_reference(case):
 
 
 def test_a_batch_of_two_images():
-    j = conv_wl(C=16, H=9, W=9, K=16, k=3, s=1, p=1, hin=1, hout=1, residual=True).json
+    j = conv2d_wl(C=16, H=9, W=9, K=16, k=3, s=1, p=1, hin=1, hout=1, residual=True).json
     for t in j["inputs"][:1] + j["inputs"][-1:] + j["outputs"]:   # the image, the residual, the output
         t["shape"][0] = 2
     wl = Workload(j)
@@ -76,12 +76,12 @@ def test_a_batch_of_two_images():
 
 
 def test_what_it_matches():
-    assert WINO.matches(conv_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0))
+    assert WINO.matches(conv2d_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0))
     for kw in (dict(k=3, s=2, p=1), dict(k=5, s=1, p=2), dict(k=1, s=1, p=0), dict(k=3, s=1, p=2, dil=2)):
-        wl = conv_wl(C=16, H=8, W=8, K=16, hin=kw["p"], hout=0, **kw)
+        wl = conv2d_wl(C=16, H=8, W=8, K=16, hin=kw["p"], hout=0, **kw)
         assert not WINO.matches(wl) and alternatives(wl, template.select(wl)) == [], kw
     # too small to hold one 2x2 output tile
-    assert not WINO.matches(conv_wl(C=16, H=3, W=3, K=16, k=3, s=1, p=0, hin=0, hout=0))
+    assert not WINO.matches(conv2d_wl(C=16, H=3, W=3, K=16, k=3, s=1, p=0, hin=0, hout=0))
 
 
 def _model(path):
