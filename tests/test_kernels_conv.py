@@ -10,64 +10,9 @@ import random
 import pytest
 
 from modelc.kernels import template, templates, testing  # noqa: F401  (registers the templates)
-from modelc.kernels.layout import choose_block
-from modelc.kernels.workload import Workload
+from workloads import conv_wl, dw_wl
 
 TOL = 1e-5
-CLIP = {"p0": {"dtype": "float32", "shape": [], "value": 0.0},
-        "p1": {"dtype": "float32", "shape": [], "value": 6.0}}
-
-
-def conv_wl(x_shape, w_shape, *, op="Conv", group=1, strides=None, dilations=None, pads=None,
-            bias=True, clip=False, relu=False, res=False, x_layout=None, out_layout=None,
-            res_layout=None, extra_attrs=None, outputs="last", dtype="float32"):
-    """A fused Conv (+ bias) [+ Clip(0, 6) | Relu] [+ residual Add] workload."""
-    nd = len(x_shape) - 2
-    strides = strides or [1] * nd
-    dilations = dilations or [1] * nd
-    pads = pads if pads is not None else [0] * (2 * nd)
-    attrs = {"kernel_shape": list(w_shape[2:]), "strides": strides, "dilations": dilations,
-             "group": group}
-    if op == "Conv":
-        attrs["pads"] = pads
-        k_out = w_shape[0]
-        o_sp = [(x_shape[2 + i] + pads[i] + pads[nd + i] - dilations[i] * (w_shape[2 + i] - 1) - 1)
-                // strides[i] + 1 for i in range(nd)]
-    else:
-        attrs["pads"] = pads
-        attrs.update(extra_attrs or {})
-        k_out = w_shape[1] * group
-        opad = attrs.get("output_padding", [0] * nd)
-        o_sp = [strides[i] * (x_shape[2 + i] - 1) + opad[i] + (w_shape[2 + i] - 1) * dilations[i] + 1
-                - pads[i] - pads[nd + i] for i in range(nd)]
-    out_shape = [x_shape[0], k_out] + o_sp
-    inputs = [{"shape": list(x_shape), "dtype": dtype, "const": False, "layout": x_layout},
-              {"shape": list(w_shape), "dtype": dtype, "const": True}]
-    args = ["i0", "i1"]
-    if bias:
-        inputs.append({"shape": [k_out], "dtype": dtype, "const": True})
-        args.append("i2")
-    ops = [{"op": op, "attrs": attrs, "args": args}]
-    params = {}
-    if clip:
-        params = {k: dict(v, dtype=dtype) for k, v in CLIP.items()}
-        ops.append({"op": "Clip", "attrs": {}, "args": [f"v{len(ops) - 1}", "p0", "p1"]})
-    if relu:
-        ops.append({"op": "Relu", "attrs": {}, "args": [f"v{len(ops) - 1}"]})
-    if res:
-        inputs.append({"shape": out_shape, "dtype": dtype, "const": False, "layout": res_layout})
-        ops.append({"op": "Add", "attrs": {}, "args": [f"v{len(ops) - 1}", f"i{len(inputs) - 1}"]})
-    values = [f"v{len(ops) - 1}"] if outputs == "last" else [f"v{j}" for j in range(len(ops))]
-    return Workload({"version": 1, "inputs": inputs, "ops": ops, "params": params,
-                     "outputs": [{"shape": out_shape, "dtype": dtype, "value": v, "layout": out_layout}
-                                 for v in values]})
-
-
-def dw_wl(c, h, w=None, k=3, s=1, p=1, d=1, hin=1, hout=0, clip=True, res=False, bias=True, n=1):
-    b = choose_block(c)
-    return conv_wl([n, c, h, w or h], [c, 1, k, k], group=c, strides=[s, s], dilations=[d, d],
-                   pads=[p] * 4, bias=bias, clip=clip, res=res, x_layout=[b, hin],
-                   out_layout=[b, hout], res_layout=[b, 0])
 
 
 def check(wl, name, extra=(), n_random=0, seed=0):
