@@ -156,7 +156,7 @@ def _wl(op, shape, attrs, params=(), outputs=None, dtype="float32"):
     wl = {"version": 1, "inputs": [{"shape": list(shape), "dtype": dtype, "const": False}],
           "ops": [{"op": op, "attrs": attrs, "args": ["i0"] + list(ps)}], "params": ps, "outputs": []}
     g = Workload({**wl, "outputs": [{"shape": [1], "dtype": dtype, "value": v} for v in (outputs or ["v0"])]})
-    specs = g._value_specs()
+    specs = g.value_specs()
     wl["outputs"] = [{"shape": list(specs[v].shape), "dtype": specs[v].dtype.name, "value": v}
                      for v in (outputs or ["v0"])]
     return Workload(wl)

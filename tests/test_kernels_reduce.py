@@ -10,7 +10,7 @@ import pytest
 
 from modelc.kernels import template, templates, testing  # noqa: F401  (registers templates)
 from modelc.kernels.workload import Workload
-from modelc.ops.nn import _geometry
+from modelc.ops.window import window_geometry
 
 TOL = 1e-5
 
@@ -19,7 +19,7 @@ def pool_wl(op, N, C, H, W, k=(3, 3), s=(2, 2), pads=(1, 1, 1, 1), d=(1, 1), cei
             lin=None, lout=None, epi=(), indices=False):
     attrs, OH, OW = {}, 1, 1
     if not op.startswith("Global"):
-        OH, OW = _geometry((H, W), k, s, d, pads, "NOTSET", ceil).out
+        OH, OW = window_geometry((H, W), k, s, d, pads, "NOTSET", ceil).out
         attrs = {"kernel_shape": list(k), "strides": list(s), "pads": list(pads), "dilations": list(d)}
         if ceil:
             attrs["ceil_mode"] = 1

@@ -75,7 +75,7 @@ def unsupported_dtype(wl: Workload) -> str | None:
     kernels do not take, or None."""
     dtypes = [t.dtype for t in (*wl.inputs, *wl.outputs)] + [v.dtype for v in wl.params.values()]
     try:
-        dtypes += [t.dtype for t in wl._value_specs().values()]
+        dtypes += [t.dtype for t in wl.value_specs().values()]
     except Exception:           # values the shape rules cannot describe: the templates will say
         pass
     for dt in dtypes:

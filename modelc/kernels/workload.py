@@ -61,9 +61,10 @@ class Workload:
         if ref.startswith("p"):
             v = self.params[ref]
             return TensorSpec(v.shape, v.dtype, True)
-        return self._value_specs()[ref]
+        return self.value_specs()[ref]
 
-    def _value_specs(self) -> dict:
+    def value_specs(self) -> dict:
+        """Shape/dtype of every value the ops compute (by the shape rules; computed once)."""
         if not hasattr(self, "_vs"):
             g = self.to_graph()
             self._vs = {}
