@@ -5,35 +5,7 @@ import pytest
 from modelc.kernels import templates  # noqa: F401
 from modelc.kernels import template, testing
 from modelc.kernels.layout import choose_block
-from modelc.kernels.workload import Workload
-
-
-def conv_wl(C, H, W, K, k, s, p, hin, hout, bias=True, residual=False, act="Relu", dil=1):
-    OH = (H + 2 * p - dil * (k - 1) - 1) // s + 1
-    OW = (W + 2 * p - dil * (k - 1) - 1) // s + 1
-    cb, kb = choose_block(C), choose_block(K)
-    inputs = [{"shape": [1, C, H, W], "dtype": "float32", "const": False, "layout": [cb, hin]},
-              {"shape": [K, C, k, k], "dtype": "float32", "const": True}]
-    args = ["i0", "i1"]
-    if bias:
-        inputs.append({"shape": [K], "dtype": "float32", "const": True})
-        args.append("i2")
-    ops = [{"op": "Conv", "attrs": {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4,
-                                     "dilations": [dil, dil], "group": 1}, "args": args}]
-    params = {}
-    if residual:
-        inputs.append({"shape": [1, K, OH, OW], "dtype": "float32", "const": False, "layout": [kb, 0]})
-        ops.append({"op": "Add", "attrs": {}, "args": [f"v{len(ops) - 1}", f"i{len(inputs) - 1}"]})
-    if act == "Relu":
-        ops.append({"op": "Relu", "attrs": {}, "args": [f"v{len(ops) - 1}"]})
-    elif act == "Clip":
-        params = {"p0": {"dtype": "float32", "shape": [], "value": 0.0},
-                  "p1": {"dtype": "float32", "shape": [], "value": 6.0}}
-        ops.append({"op": "Clip", "attrs": {}, "args": [f"v{len(ops) - 1}", "p0", "p1"]})
-    return Workload({"version": 1, "inputs": inputs, "ops": ops, "params": params,
-                     "outputs": [{"shape": [1, K, OH, OW], "dtype": "float32", "value": f"v{len(ops) - 1}",
-                                  "layout": [kb, hout]}]})
-
+from workloads import conv2d_wl
 
 CASES = [
     dict(C=16, H=10, W=9, K=32, k=3, s=1, p=1, hin=1, hout=1, residual=True),
@@ -45,7 +17,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"c{c['C']}k{c['K']}x{c['k']}s{c['s']}")
 def test_conv2d_default_and_random_configs(case):
-    wl = conv_wl(**case)
+    wl = conv2d_wl(**case)
     tpl = template.select(wl)
     assert tpl.name == "conv2d"
     space = tpl.space(wl)
@@ -58,7 +30,7 @@ def test_conv2d_default_and_random_configs(case):
 
 
 def test_conv2d_space_is_large_enough_to_tune():
-    wl = conv_wl(C=64, H=56, W=56, K=64, k=3, s=1, p=1, hin=1, hout=1)
+    wl = conv2d_wl(C=64, H=56, W=56, K=64, k=3, s=1, p=1, hin=1, hout=1)
     tpl = template.select(wl)
     space = tpl.space(wl)
     assert len(space.valid_indices()) >= 150
@@ -69,7 +41,7 @@ def test_conv2d_space_is_large_enough_to_tune():
 def test_narrow_channel_blocks_fill_a_vector_with_overlapping_tiles(C, K):
     """K = 40, 116, 24 give output blocks of 8, 4, 8: tiles of m blocks (m need not divide the
     blocks; the last tile is shifted back) are correct for every m, and the default fills 16 lanes."""
-    wl = conv_wl(C=C, H=7, W=9, K=K, k=3, s=1, p=1, hin=1, hout=0, residual=True)
+    wl = conv2d_wl(C=C, H=7, W=9, K=K, k=3, s=1, p=1, hin=1, hout=0, residual=True)
     tpl = template.select(wl)
     space = tpl.space(wl)
     kb = choose_block(K)
