@@ -20,21 +20,21 @@ def fresh(tmp_path, monkeypatch):
 
 def test_a_modified_kernel_file_is_refused_and_rewritten(fresh):
     path = cache.source_path(SOURCE)
-    cache._write(path, SOURCE)
+    cache.write_source(path, SOURCE)
     with open(path, "a") as f:
         f.write("\nimport os; os.system('touch /tmp/modelc_pwned_cache')\n")
     with pytest.raises(ModelcError, match="hash"):
-        cache._import(path)
-    cache._write(path, SOURCE)                     # the next compile puts the true text back
+        cache.import_file(path)
+    cache.write_source(path, SOURCE)                     # the next compile puts the true text back
     assert open(path).read() == SOURCE
-    cache._import(path)
+    cache.import_file(path)
     assert not os.path.exists("/tmp/modelc_pwned_cache")
 
 
 def test_no_bytecode_is_written_or_read(fresh):
     path = cache.source_path(SOURCE)
-    cache._write(path, SOURCE)
-    cache._import(path)
+    cache.write_source(path, SOURCE)
+    cache.import_file(path)
     assert not glob.glob(os.path.join(os.path.dirname(path), "__pycache__", "*.pyc"))
 
 

@@ -91,7 +91,8 @@ def is_compiled(path: str) -> bool:
     return bool(glob.glob(os.path.join(os.path.dirname(path), "__pycache__", f"{stem}.*.nbi")))
 
 
-def _write(path: str, source: str):
+def write_source(path: str, source: str):
+    """Write a kernel file atomically (a reader never sees half a file); an identical one stays."""
     if os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as f:
             if f.read() == source:
@@ -102,7 +103,7 @@ def _write(path: str, source: str):
     os.replace(tmp, path)
 
 
-def _import(path: str):
+def import_file(path: str):
     """The module of a kernel file, imported (and so compiled, or read from numba's cache) once."""
     if path in _loaded:
         return _loaded[path]
@@ -132,8 +133,8 @@ _drivers: dict[int, object] = {}
 def _module(source: str):
     """The imported module of generated `source`, written to the cache first."""
     path = source_path(source)
-    _write(path, source)
-    return _import(path)
+    write_source(path, source)
+    return import_file(path)
 
 
 def driver(nwords: int):
@@ -148,19 +149,20 @@ def sequence_runner():
     return _module(launch.SEQUENCE_SOURCE).run_sequence
 
 
-def _kernel(mod) -> launch.CompiledKernel:
+def kernel_of(mod) -> launch.CompiledKernel:
+    """The launchable kernel of an imported kernel module."""
     return launch.CompiledKernel(mod.kernel, mod.N_ITEMS, mod.PARALLEL, mod.DTYPES, mod.OUTPUTS,
                                  driver(2 * len(mod.DTYPES)))
 
 
 def load(source: str) -> launch.CompiledKernel:
     """The compiled kernel of generated `source` (compiling it if not cached)."""
-    return _kernel(_module(source))
+    return kernel_of(_module(source))
 
 
 _WORKER = """\
 import json, select, sys
-from modelc.kernels.cache import _import, _kernel
+from modelc.kernels.cache import import_file, kernel_of
 def wait():                     # False once idle for too long (where pipes can be polled)
     try:
         return bool(select.select([sys.stdin], [], [], float(sys.argv[1]))[0])
@@ -172,7 +174,7 @@ while wait():
         break
     print("start", p, flush=True)
     try:
-        _kernel(_import(p))          # as the caller will: the machine code linked, the driver too
+        kernel_of(import_file(p))          # as the caller will: the machine code linked, the driver too
     except Exception as e:
         c = e.__cause__ or e
         print("error", p, json.dumps(f"{type(c).__name__}: {c}"[:4000]), flush=True)
@@ -348,7 +350,7 @@ def compile_all(sources: list[str], jobs: int | None = None, progress=None,
     """
     paths = [source_path(s) for s in sources]
     for p, s in zip(paths, sources):
-        _write(p, s)
+        write_source(p, s)
     cold = sorted({p for p in paths if not is_compiled(p) and p not in _loaded})
     if cold:
         jobs = max(1, min(jobs or os.cpu_count() or 1, len(cold)))
@@ -356,4 +358,4 @@ def compile_all(sources: list[str], jobs: int | None = None, progress=None,
         for p, n in zip(paths, names or []):
             labels.setdefault(p, n)
         _compile_in_subprocesses(cold, jobs, progress, timeout, labels)
-    return [_kernel(_import(p)) for p in paths]
+    return [kernel_of(import_file(p)) for p in paths]
