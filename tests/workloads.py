@@ -110,9 +110,9 @@ def conv2d_wl(C, H, W, K, k, s, p, hin, hout, bias=True, residual=False, act="Re
 
 # ---- dense and matmul ----------------------------------------------------------------------------
 
-def _epilogue(ops, inputs, params, out, epi):
-    """Append dense/matmul epilogues: "res" (a residual input), Mul/Div/Add by a scalar, or a
-    unary op by name."""
+def with_epilogue(ops, inputs, params, out, epi):
+    """The workload JSON of `ops` followed by epilogues `epi`: "res" (a residual input), Mul/Div/Add
+    by a scalar, or a unary op by name; `out` is the anchor's output shape."""
     for e in epi:
         prev = f"v{len(ops) - 1}"
         if e == "res":
@@ -137,16 +137,16 @@ def dense_wl(x_shape, n, bias=True, epi=(), x_layout=None):
     if bias:
         inputs.append({"shape": [n], "dtype": "float32", "const": True})
         args.append("i2")
-    return _epilogue([{"op": "Dense", "attrs": {}, "args": args}], inputs, {},
-                     tuple(x_shape[:-1]) + (n,), epi)
+    return with_epilogue([{"op": "Dense", "attrs": {}, "args": args}], inputs, {},
+                         tuple(x_shape[:-1]) + (n,), epi)
 
 
 def matmul_wl(a_shape, b_shape, epi=(), b_const=False):
     """numpy-semantics MatMul [+ epilogue]."""
     inputs = [{"shape": list(a_shape), "dtype": "float32", "const": False},
               {"shape": list(b_shape), "dtype": "float32", "const": b_const}]
-    return _epilogue([{"op": "MatMul", "attrs": {}, "args": ["i0", "i1"]}], inputs, {},
-                     matmul_shape(tuple(a_shape), tuple(b_shape)), epi)
+    return with_epilogue([{"op": "MatMul", "attrs": {}, "args": ["i0", "i1"]}], inputs, {},
+                         matmul_shape(tuple(a_shape), tuple(b_shape)), epi)
 
 
 # ---- pools and reductions ----------------------------------------------------------------------
