@@ -13,45 +13,9 @@ import pytest
 from modelc.kernels import cache, template, templates, testing  # noqa: F401  (registers the templates)
 from modelc.kernels.testing import bind, reference_outputs
 from modelc.kernels.workload import Workload
-from modelc.ops.linalg import matmul_shape
+from workloads import dense_wl, matmul_wl, with_epilogue
 
 TOL = 1e-5
-
-
-def _epilogue(ops, inputs, params, out, epi):
-    for e in epi:
-        prev = f"v{len(ops) - 1}"
-        if e == "res":
-            inputs.append({"shape": list(out), "dtype": "float32", "const": False})
-            ops.append({"op": "Add", "attrs": {}, "args": [prev, f"i{len(inputs) - 1}"]})
-        elif e in ("Mul", "Div", "Add"):
-            p = f"p{len(params)}"
-            params[p] = {"dtype": "float32", "shape": [], "value": 0.125 if e == "Div" else 1.5}
-            ops.append({"op": e, "attrs": {}, "args": [prev, p]})
-        else:
-            ops.append({"op": e, "attrs": {}, "args": [prev]})
-    return {"version": 1, "inputs": inputs, "ops": ops, "params": params,
-            "outputs": [{"shape": list(out), "dtype": "float32", "value": f"v{len(ops) - 1}"}]}
-
-
-def dense_wl(x_shape, n, bias=True, epi=(), x_layout=None):
-    k = x_shape[-1]
-    inputs = [{"shape": list(x_shape), "dtype": "float32", "const": False, "layout": x_layout},
-              {"shape": [k, n], "dtype": "float32", "const": True}]
-    args = ["i0", "i1"]
-    if bias:
-        inputs.append({"shape": [n], "dtype": "float32", "const": True})
-        args.append("i2")
-    return _epilogue([{"op": "Dense", "attrs": {}, "args": args}], inputs, {},
-                     tuple(x_shape[:-1]) + (n,), epi)
-
-
-def matmul_wl(a_shape, b_shape, epi=(), b_const=False):
-    inputs = [{"shape": list(a_shape), "dtype": "float32", "const": False},
-              {"shape": list(b_shape), "dtype": "float32", "const": b_const}]
-    return _epilogue([{"op": "MatMul", "attrs": {}, "args": ["i0", "i1"]}], inputs, {},
-                     matmul_shape(tuple(a_shape), tuple(b_shape)), epi)
-
 
 HAND = {
     "dense_ragged_res_relu": (dense_wl((2, 5, 37), 23, bias=False, epi=("res", "Relu")), 1),
@@ -165,13 +129,13 @@ def test_spaces_defaults_and_sources(transformer_tasks):
     dict(dense_wl((4, 8), 8), inputs=[{"shape": [4, 8], "dtype": "float32", "const": False},
                                       {"shape": [8, 8], "dtype": "float32", "const": False},
                                       {"shape": [8], "dtype": "float32", "const": True}]),
-    _epilogue([{"op": "Dense", "attrs": {}, "args": ["i0", "i1"]}],
-              [{"shape": [4, 8], "dtype": "float32", "const": False},
-               {"shape": [8, 6], "dtype": "float32", "const": True}], {}, (4, 6), ("Softmax",)),
-    _epilogue([{"op": "MatMul", "attrs": {}, "args": ["i0", "i1"]}],
-              [{"shape": [4, 8], "dtype": "float32", "const": False},
-               {"shape": [8, 6], "dtype": "float32", "const": False},
-               {"shape": [3, 4, 6], "dtype": "float32", "const": False}], {}, (4, 6), ())
+    with_epilogue([{"op": "Dense", "attrs": {}, "args": ["i0", "i1"]}],
+                  [{"shape": [4, 8], "dtype": "float32", "const": False},
+                   {"shape": [8, 6], "dtype": "float32", "const": True}], {}, (4, 6), ("Softmax",)),
+    with_epilogue([{"op": "MatMul", "attrs": {}, "args": ["i0", "i1"]}],
+                  [{"shape": [4, 8], "dtype": "float32", "const": False},
+                   {"shape": [8, 6], "dtype": "float32", "const": False},
+                   {"shape": [3, 4, 6], "dtype": "float32", "const": False}], {}, (4, 6), ())
     | {"ops": [{"op": "MatMul", "attrs": {}, "args": ["i0", "i1"]},
                {"op": "Add", "attrs": {}, "args": ["v0", "i2"]}],
        "outputs": [{"shape": [3, 4, 6], "dtype": "float32", "value": "v1"}]},   # output grows
