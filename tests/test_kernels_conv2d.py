@@ -51,3 +51,21 @@ def test_narrow_channel_blocks_fill_a_vector_with_overlapping_tiles(C, K):
         cfg = space.from_values(dict(default.values, tile_oc_blocks=m, tile_ow=3))
         got, want, _, _ = testing.run(wl, tpl, cfg)
         assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+def test_reduction_order_says_which_loops_run_outside(unroll):
+    """The knob's order is the order of the loops over input-channel blocks (c) and filter rows
+    (kh) in the source; filter columns (kw) run inside both, and the result does not change."""
+    wl = conv2d_wl(C=32, H=6, W=7, K=16, k=3, s=1, p=1, hin=1, hout=0)
+    tpl = template.select(wl)
+    space = tpl.space(wl)
+    for order in space.knobs[3].values:
+        cfg = space.from_values(dict(tpl.default_config(wl, space).values, reduction_order=order,
+                                     unroll_kw=unroll))
+        src = tpl.build(wl, cfg).source
+        loops = {"c": src.index("for cb in range("), "kh": src.index("for kh in range(")}
+        loops["kw"] = src.index("for kw in range(") if not unroll else src.index("np.uintp(xrow0 + (ow0")
+        assert sorted(loops, key=loops.get) == order, (order, loops)
+        got, want, _, _ = testing.run(wl, tpl, cfg)
+        assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)

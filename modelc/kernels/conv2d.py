@@ -63,7 +63,7 @@ class Conv2d(Template):
         sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 4, 8) if m <= blocks and m * g.KB <= 4 * lanes])
         sp.define_knob("tile_oh", [r for r in (1, 2, 4) if r <= g.OH])
         sp.define_reorder("reduction_order", ["c", "kh", "kw"],
-                          candidates=[["c", "kh", "kw"], ["kh", "kw", "c"]])
+                          candidates=[["c", "kh", "kw"], ["kh", "c", "kw"]])
         sp.define_annotate("unroll_kw", [False, True])
         kb = g.KB
         sp.constraint = lambda cfg: cfg["tile_ow"] * cfg["tile_oh"] * \
@@ -149,12 +149,13 @@ class Conv2d(Template):
                 return [ln for kw in range(KW) for ln in inner(ind, str(kw))]
             return [" " * ind + f"for kw in range({KW}):"] + inner(ind + 4, "kw")
 
+        # the loops over input-channel blocks (c) and filter rows (kh) in the knob's order; the
+        # filter columns (kw) always inside both, the block's channels innermost
         if cfg["reduction_order"][0] == "c":
             body += [f"    for cb in range({CBLK}):", f"        for kh in range({KH}):"]
-            body += row(12) + kw_loop(12)
         else:
             body += [f"    for kh in range({KH}):", f"        for cb in range({CBLK}):"]
-            body += row(12) + kw_loop(12)
+        body += row(12) + kw_loop(12)
 
         # epilogue and store: channel k = (ko * m + blk) * KB + jj
         out = wl.outputs[0]
