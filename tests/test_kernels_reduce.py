@@ -10,69 +10,9 @@ import pytest
 
 from modelc.kernels import template, templates, testing  # noqa: F401  (registers templates)
 from modelc.kernels.workload import Workload
-from modelc.ops.window import window_geometry
+from workloads import pool_wl, red_wl
 
 TOL = 1e-5
-
-
-def pool_wl(op, N, C, H, W, k=(3, 3), s=(2, 2), pads=(1, 1, 1, 1), d=(1, 1), ceil=0, cip=0,
-            lin=None, lout=None, epi=(), indices=False):
-    attrs, OH, OW = {}, 1, 1
-    if not op.startswith("Global"):
-        OH, OW = window_geometry((H, W), k, s, d, pads, "NOTSET", ceil).out
-        attrs = {"kernel_shape": list(k), "strides": list(s), "pads": list(pads), "dilations": list(d)}
-        if ceil:
-            attrs["ceil_mode"] = 1
-        if cip:
-            attrs["count_include_pad"] = 1
-    x = {"shape": [N, C, H, W], "dtype": "float32", "const": False}
-    if lin:
-        x["layout"] = list(lin)
-    inputs, ops, params = [x], [{"op": op, "attrs": attrs, "args": ["i0"]}], {}
-    ref = "v0.0" if indices else "v0"
-    for e in epi:
-        prev = f"v{len(ops) - 1}" if len(ops) > 1 else ref
-        if e == "relu":
-            ops.append({"op": "Relu", "attrs": {}, "args": [prev]})
-        elif e == "add_channel":
-            inputs.append({"shape": [C, 1, 1], "dtype": "float32", "const": True})
-            ops.append({"op": "Add", "attrs": {}, "args": [prev, f"i{len(inputs) - 1}"]})
-        elif e == "half":
-            params[f"p{len(params)}"] = {"dtype": "float32", "shape": [], "value": 0.5}
-            ops.append({"op": "Mul", "attrs": {}, "args": [prev, f"p{len(params) - 1}"]})
-    out = {"shape": [N, C, OH, OW], "dtype": "float32", "value": f"v{len(ops) - 1}" if len(ops) > 1 else ref}
-    if lout:
-        out["layout"] = list(lout)
-    outputs = [out]
-    if indices:
-        outputs.append({"shape": [N, C, OH, OW], "dtype": "int64", "value": "v0.1"})
-    return Workload({"version": 1, "inputs": inputs, "ops": ops, "params": params, "outputs": outputs})
-
-
-def red_wl(op, shape, attrs=None, axes=None, scale=None, bias=None, epi=()):
-    inputs, args, params = [{"shape": list(shape), "dtype": "float32", "const": False}], ["i0"], {}
-    if axes is not None:
-        params["p0"] = {"dtype": "int64", "shape": [len(axes)], "value": list(axes)}
-        args.append("p0")
-    for extra in (scale, bias):
-        if extra is not None:
-            inputs.append({"shape": list(extra), "dtype": "float32", "const": True})
-            args.append(f"i{len(inputs) - 1}")
-    ops = [{"op": op, "attrs": dict(attrs or {}), "args": args}]
-    for e in epi:
-        prev = f"v{len(ops) - 1}"
-        if e == "relu":
-            ops.append({"op": "Relu", "attrs": {}, "args": [prev]})
-        elif e == "half":
-            params[f"p{len(params)}"] = {"dtype": "float32", "shape": [], "value": 0.5}
-            ops.append({"op": "Mul", "attrs": {}, "args": [prev, f"p{len(params) - 1}"]})
-        else:                                   # ("add", shape): a broadcast tensor input
-            inputs.append({"shape": list(e[1]), "dtype": "float32", "const": False})
-            ops.append({"op": "Add", "attrs": {}, "args": [prev, f"i{len(inputs) - 1}"]})
-    wl = {"version": 1, "inputs": inputs, "ops": ops, "params": params,
-          "outputs": [{"shape": [1], "dtype": "float32", "value": f"v{len(ops) - 1}"}]}
-    wl["outputs"][0]["shape"] = list(Workload(wl).spec(f"v{len(ops) - 1}").shape)
-    return Workload(wl)
 
 
 def check(wl, name, cfg=None, seed=0):
