@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops.window import conv_transpose_geometry
 from .workload import Workload
 
 
@@ -66,7 +67,6 @@ def conv_geometry(wl: Workload) -> ConvGeometry:
     st = _ints(a, "strides", nd, 1)
     dil = _ints(a, "dilations", nd, 1)
     if transpose:
-        from ..ops.nn import _convt_geometry as conv_transpose_geometry   # ops.window's, once public
         geo = conv_transpose_geometry(x.shape, w.shape, a.get("auto_pad", "NOTSET"), list(dil),
                                       a.get("kernel_shape"), a.get("output_padding"),
                                       a.get("output_shape"), a.get("pads"), list(st))
