@@ -1,6 +1,4 @@
 """Compile never kills the process: Pow's integer exponents, aborting kernel compiles, dtypes."""
-import os
-
 import numpy as np
 import onnx
 import pytest
@@ -9,11 +7,7 @@ from onnx import TensorProto, helper
 import modelc
 from modelc.errors import ModelcError
 from modelc.kernels import cache
-
-
-def _model(nodes, inputs, outputs, inits=()):
-    g = helper.make_graph(nodes, "m", inputs, outputs, initializer=list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+from workloads import onnx_model
 
 
 def _vi(name, et, shape):
@@ -26,9 +20,9 @@ def _vi(name, et, shape):
                                         (np.float32, np.float32)])
 def test_pow_with_any_exponent_type_compiles_and_is_right(base, expo):
     tb, te = (helper.np_dtype_to_tensor_dtype(np.dtype(t)) for t in (base, expo))
-    m = _model([helper.make_node("Pow", ["x", "y"], ["z"]), helper.make_node("Pow", ["x", "c"], ["w"])],
-               [_vi("x", tb, [3, 5]), _vi("y", te, [3, 5])], [_vi("z", tb, [3, 5]), _vi("w", tb, [3, 5])],
-               [onnx.numpy_helper.from_array(np.array([3, 0, 1, 2, 5], expo), "c")])
+    m = onnx_model([helper.make_node("Pow", ["x", "y"], ["z"]), helper.make_node("Pow", ["x", "c"], ["w"])],
+                    [_vi("x", tb, [3, 5]), _vi("y", te, [3, 5])], [_vi("z", tb, [3, 5]), _vi("w", tb, [3, 5])],
+                    [onnx.numpy_helper.from_array(np.array([3, 0, 1, 2, 5], expo), "c")])
     mod = modelc.compile(m)
     rng = np.random.default_rng(0)
     x = (rng.integers(1, 4, (3, 5)) * (1.0 if base in (np.float32, np.float64) else 1)).astype(base)
@@ -75,15 +69,16 @@ def test_a_real_llvm_fatal_error_is_a_modelc_error(fresh_cache):
 def test_compile_of_a_model_whose_kernel_aborts_names_the_op(fresh_cache, monkeypatch):
     real = cache.compile_all
     monkeypatch.setattr(cache, "compile_all", lambda sources, **kw: real([s + ABORT for s in sources], **kw))
-    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", TensorProto.FLOAT, [2, 3])],
-               [_vi("y", TensorProto.FLOAT, [2, 3])])
+    m = onnx_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", TensorProto.FLOAT, [2, 3])],
+                    [_vi("y", TensorProto.FLOAT, [2, 3])])
     with pytest.raises(ModelcError, match=r"(?si)op Relu.*'y'.*killed its worker process.*SIGABRT"):
         modelc.compile(m)
 
 
 def test_float16_model_is_computed_on_the_fallback():
-    m = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT)],
-               [_vi("x", TensorProto.FLOAT16, [4, 5])], [_vi("y", TensorProto.FLOAT, [4, 5])])
+    m = onnx_model([helper.make_node("Relu", ["x"], ["r"]),
+                    helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT)],
+                   [_vi("x", TensorProto.FLOAT16, [4, 5])], [_vi("y", TensorProto.FLOAT, [4, 5])])
     mod = modelc.compile(m)
     assert mod.fallbacks                      # float16 never reaches generated code
     x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float16)
@@ -94,15 +89,15 @@ def test_float16_model_is_computed_on_the_fallback():
                                 TensorProto.INT4, TensorProto.UINT4, TensorProto.FLOAT4E2M1, TensorProto.INT2])
 def test_unsupported_dtype_is_a_modelc_error_naming_tensor_and_dtype(et):
     name = np.dtype(helper.tensor_dtype_to_np_dtype(et)).name
-    m = _model([helper.make_node("Neg", ["x"], ["y"], name="negate")], [_vi("x", et, [4])], [_vi("y", et, [4])])
+    m = onnx_model([helper.make_node("Neg", ["x"], ["y"], name="negate")], [_vi("x", et, [4])], [_vi("y", et, [4])])
     with pytest.raises(ModelcError) as e:
         modelc.compile(m)                   # refused at import, or by compile
     msg = str(e.value).lower().replace("_", "")
     assert "'x'" in msg and (name.replace("_", "") in msg or TensorProto.DataType.Name(et).lower() in msg)
     # past the importer (a Graph built by hand): compile names the tensor, its node and dtype
-    g = modelc.from_onnx(_model([helper.make_node("Neg", ["x"], ["h"], name="negate"),
-                                 helper.make_node("Neg", ["h"], ["y"], name="again")],
-                                [_vi("x", TensorProto.FLOAT, [4])], [_vi("y", TensorProto.FLOAT, [4])]))
+    g = modelc.from_onnx(onnx_model([helper.make_node("Neg", ["x"], ["h"], name="negate"),
+                                      helper.make_node("Neg", ["h"], ["y"], name="again")],
+                                     [_vi("x", TensorProto.FLOAT, [4])], [_vi("y", TensorProto.FLOAT, [4])]))
     g.tensors["h"].dtype = np.dtype(helper.tensor_dtype_to_np_dtype(et))
     with pytest.raises(ModelcError, match=rf"tensor 'h' of node 'negate' \(Neg\) has dtype {name}"):
         modelc.compile(g)
