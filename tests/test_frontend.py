@@ -6,14 +6,7 @@ from onnx import TensorProto, helper, numpy_helper
 import modelc
 from modelc import reference
 from modelc.errors import ModelLoadError, ShapeError, UnsupportedOpError
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17, ir_version=None):
-    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    if ir_version:
-        m.ir_version = ir_version
-    return m
+from workloads import onnx_model
 
 
 def _vi(name, shape, t=TensorProto.FLOAT):
@@ -22,8 +15,8 @@ def _vi(name, shape, t=TensorProto.FLOAT):
 
 def test_import_binds_dynamic_batch_and_runs():
     b = numpy_helper.from_array(np.arange(4, dtype=np.float32), "b")
-    m = _model([helper.make_node("Add", ["x", "b"], ["t"]), helper.make_node("Relu", ["t"], ["y"])],
-               [_vi("x", ["N", 4])], [_vi("y", ["N", 4])], [b])
+    m = onnx_model([helper.make_node("Add", ["x", "b"], ["t"]), helper.make_node("Relu", ["t"], ["y"])],
+                    [_vi("x", ["N", 4])], [_vi("y", ["N", 4])], [b])
     g = modelc.from_onnx(m, shape={"x": (3, 4)})
     g.verify()
     assert g.tensors["y"].shape == (3, 4)
@@ -34,13 +27,13 @@ def test_import_binds_dynamic_batch_and_runs():
 
 
 def test_missing_shape_names_the_input():
-    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 4])], [_vi("y", ["N", 4])])
+    m = onnx_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 4])], [_vi("y", ["N", 4])])
     with pytest.raises(ShapeError, match="'x'.*unknown dimensions"):
         modelc.from_onnx(m)
 
 
 def test_wrong_rank_override():
-    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 4])], [_vi("y", ["N", 4])])
+    m = onnx_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 4])], [_vi("y", ["N", 4])])
     with pytest.raises(ShapeError, match="rank 3.*rank 2"):
         modelc.from_onnx(m, shape={"x": (1, 2, 4)})
     with pytest.raises(ShapeError, match="contradicts"):
@@ -54,7 +47,7 @@ def test_unsupported_ops_are_listed_together():
              helper.make_node("NonMaxSuppression", ["a", "a"], ["b"], name="nms1"),
              helper.make_node("Loop", ["a"], ["c"], name="loop0"),
              helper.make_node("FusedConv", ["a"], ["y"], name="fc", domain="com.microsoft")]
-    m = _model(nodes, [_vi("x", [1, 4])], [_vi("y", [1, 4])])
+    m = onnx_model(nodes, [_vi("x", [1, 4])], [_vi("y", [1, 4])])
     with pytest.raises(UnsupportedOpError) as ei:
         modelc.from_onnx(m, check=False)
     msg = str(ei.value)
@@ -77,8 +70,8 @@ def test_old_zoo_style_initializers_as_inputs_and_constant_nodes():
                  np.ones(4, np.float32))),
              helper.make_node("Mul", ["x", "w"], ["t"]),
              helper.make_node("Sum", ["t", "c", "x"], ["y"])]
-    m = _model(nodes, [_vi("x", [1, 4]), _vi("w", [4])], [_vi("y", [1, 4])], [w], opset=8,
-               ir_version=3)
+    m = onnx_model(nodes, [_vi("x", [1, 4]), _vi("w", [4])], [_vi("y", [1, 4])], [w], opset=8,
+                    ir_version=3)
     g = modelc.from_onnx(m)
     assert g.inputs == ["x"]            # an initializer listed as an input is a constant
     x = np.arange(4, dtype=np.float32)[None]
@@ -86,7 +79,7 @@ def test_old_zoo_style_initializers_as_inputs_and_constant_nodes():
 
 
 def test_feed_errors_name_the_problem():
-    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2, 4])], [_vi("y", [2, 4])])
+    m = onnx_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2, 4])], [_vi("y", [2, 4])])
     g = modelc.from_onnx(m)
     from modelc.errors import InputError
     with pytest.raises(InputError, match="shape"):
@@ -98,7 +91,7 @@ def test_feed_errors_name_the_problem():
 
 
 def test_ir_verifier_catches_inconsistency():
-    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2, 4])], [_vi("y", [2, 4])])
+    m = onnx_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2, 4])], [_vi("y", [2, 4])])
     g = modelc.from_onnx(m)
     g.verify()
     g.outputs.append("ghost")
@@ -108,7 +101,7 @@ def test_ir_verifier_catches_inconsistency():
 
 def test_graph_copy_and_replace_uses():
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["y"])]
-    g = modelc.from_onnx(_model(nodes, [_vi("x", [2])], [_vi("y", [2])]))
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", [2])], [_vi("y", [2])]))
     h = g.copy()
     relu = h.producer("a")
     h.replace_uses("a", "x")
