@@ -9,15 +9,11 @@ import models
 import modelc
 from modelc import passes, reference
 from modelc.passes import fuse
+from workloads import onnx_model
 
 
 def _vi(name, shape, t=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, t, shape)
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def _const(name, arr):
@@ -57,7 +53,7 @@ def test_shape_chain_folds_to_a_constant_reshape():
              helper.make_node("Reshape", ["x", "shape"], ["y"])]
     inits = [_const("zero", np.array(0, np.int64)), _const("ax0", np.array([0], np.int64)),
              _const("minus1", np.array([-1], np.int64))]
-    g = modelc.from_onnx(_model(nodes, [_vi("x", ["N", 3, 4])], [_vi("y", ["N", 12])], inits),
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", ["N", 3, 4])], [_vi("y", ["N", 12])], inits),
                          shape={"x": (2, 3, 4)})
     opt = passes.optimize(g, fuse_ops=False, verify=True)
     assert [n.op_type for n in opt.topo()] == ["Reshape"]
@@ -75,7 +71,7 @@ def _conv_bn_model():
              helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["b"]),
              helper.make_node("Relu", ["b"], ["r"]),
              helper.make_node("BatchNormalization", ["r", "gamma", "beta", "mean", "var"], ["y"])]
-    return _model(nodes, [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 8, 8, 8])], inits)
+    return onnx_model(nodes, [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 8, 8, 8])], inits)
 
 
 def test_batchnorm_folds_into_conv_and_lone_bn_becomes_scale_shift():
@@ -97,7 +93,7 @@ def test_gemm_and_matmul_add_become_dense():
     nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["h"], transB=1, alpha=0.5, beta=2.0),
              helper.make_node("MatMul", ["h", "w2"], ["m"]),
              helper.make_node("Add", ["b2", "m"], ["y"])]
-    g = modelc.from_onnx(_model(nodes, [_vi("x", [3, 8])], [_vi("y", [3, 4])], inits))
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", [3, 8])], [_vi("y", [3, 4])], inits))
     opt = passes.optimize(g, fuse_ops=False, verify=True)
     assert [n.op_type for n in opt.topo()] == ["Dense", "Dense"]
     assert all(len(n.inputs) == 3 for n in opt.topo())
@@ -124,8 +120,8 @@ def test_decomposed_layernorm_is_recognised(use_pow):
              _const("eps", np.array(1e-5, np.float32)),
              _const("gamma", rng.standard_normal(16).astype(np.float32)),
              _const("beta", rng.standard_normal(16).astype(np.float32))]
-    g = modelc.from_onnx(_model(_layernorm_nodes("x", "y", use_pow), [_vi("x", [2, 5, 16])],
-                                [_vi("y", [2, 5, 16])], inits, opset=18))
+    g = modelc.from_onnx(onnx_model(_layernorm_nodes("x", "y", use_pow), [_vi("x", [2, 5, 16])],
+                                     [_vi("y", [2, 5, 16])], inits, opset=18))
     opt = passes.optimize(g, fuse_ops=False, verify=True)
     assert [n.op_type for n in opt.topo()] == ["LayerNormalization"]
     feeds = _feeds(g)
@@ -144,7 +140,7 @@ def test_gelu_decompositions_are_recognised(form):
                               helper.make_node("Mul", ["m", "half"], ["y"])],
             "half_of_sum_then_x": [helper.make_node("Mul", ["a", "half"], ["m"]),
                                    helper.make_node("Mul", ["x", "m"], ["y"])]}[form]
-    g = modelc.from_onnx(_model(head + tail, [_vi("x", [4, 32])], [_vi("y", [4, 32])], inits))
+    g = modelc.from_onnx(onnx_model(head + tail, [_vi("x", [4, 32])], [_vi("y", [4, 32])], inits))
     opt = passes.optimize(g, fuse_ops=False, verify=True)
     assert [n.op_type for n in opt.topo()] == ["Gelu"]
     feeds = _feeds(g)
@@ -154,7 +150,7 @@ def test_gelu_decompositions_are_recognised(form):
 def test_cse_and_dce():
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["x"], ["b"]),
              helper.make_node("Add", ["a", "b"], ["y"]), helper.make_node("Exp", ["x"], ["dead"])]
-    g = modelc.from_onnx(_model(nodes, [_vi("x", [4])], [_vi("y", [4])]))
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", [4])], [_vi("y", [4])]))
     opt = passes.optimize(g, fuse_ops=False, verify=True)
     assert [n.op_type for n in opt.topo()] == ["Relu", "Add"]
     x = np.array([-1, 0, 1, 2], np.float32)
@@ -163,7 +159,7 @@ def test_cse_and_dce():
 
 def test_identity_before_graph_output_keeps_the_output_name():
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Identity", ["a"], ["y"])]
-    g = modelc.from_onnx(_model(nodes, [_vi("x", [4])], [_vi("y", [4])]))
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", [4])], [_vi("y", [4])]))
     opt = passes.optimize(g, fuse_ops=False, verify=True)
     assert opt.outputs == ["y"] and [n.op_type for n in opt.topo()] == ["Relu"]
 
@@ -173,9 +169,9 @@ def test_identity_before_graph_output_keeps_the_output_name():
     ("ik,jk->ij", (5, 4), (6, 4)), ("bij,jk->bik", (2, 5, 4), (4, 3)), ("bi,bj->bij", (3, 5), (3, 4)),
     ("ij,ij->i", (5, 4), (5, 4)), ("...ij,...jk->...ki", (2, 5, 4), (2, 4, 3)), ("ij,jk->", (3, 4), (4, 2))])
 def test_einsum_becomes_matmul_where_it_can(equation, a, b):
-    g = modelc.from_onnx(_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)],
-                                [_vi("a", list(a)), _vi("b", list(b))],
-                                [_vi("y", list(np.einsum(equation, np.ones(a), np.ones(b)).shape))], opset=12))
+    g = modelc.from_onnx(onnx_model([helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)],
+                                     [_vi("a", list(a)), _vi("b", list(b))],
+                                     [_vi("y", list(np.einsum(equation, np.ones(a), np.ones(b)).shape))], opset=12))
     opt = passes.optimize(g, fuse_ops=False, verify=True)
     lowered = "Einsum" not in opt.op_counts()
     assert lowered == (equation != "ij,jk->")          # a label summed within one operand stays
