@@ -17,6 +17,7 @@ from modelc.tune.features import KNOB_WIDTH, MAX_KNOBS, N_FEATURES, WL_LEN, conf
 from modelc.tune.index_based_tuner import GridSearchTuner, RandomTuner
 from modelc.tune.tuning import TUNERS
 from modelc.tune.xgb_tuner import XGBTuner
+from workloads import conv2d_wl
 
 SEEDS = (0, 1, 2)
 
@@ -24,18 +25,8 @@ SEEDS = (0, 1, 2)
 # ---- a synthetic task -------------------------------------------------------------------------
 
 def conv_workload(c=64, k=64, hw=56, stride=1):
-    """A conv2d + bias + relu workload in the blocked layout, as layout planning leaves it."""
-    ohw = (hw + 2 - 3) // stride + 1
-    return {"version": 1,
-            "inputs": [{"shape": [1, c, hw, hw], "dtype": "float32", "const": False, "layout": [16, 1]},
-                       {"shape": [k, c, 3, 3], "dtype": "float32", "const": True},
-                       {"shape": [k], "dtype": "float32", "const": True}],
-            "ops": [{"op": "Conv", "attrs": {"dilations": [1, 1], "kernel_shape": [3, 3],
-                                             "pads": [1, 1, 1, 1], "strides": [stride, stride]},
-                     "args": ["i0", "i1", "i2"]},
-                    {"op": "Relu", "attrs": {}, "args": ["v0"]}],
-            "params": {},
-            "outputs": [{"shape": [1, k, ohw, ohw], "dtype": "float32", "value": "v1", "layout": [16, 1]}]}
+    """A 3x3 conv2d + bias + relu workload in the blocked layout, as layout planning leaves it."""
+    return conv2d_wl(C=c, H=hw, W=hw, K=k, k=3, s=stride, p=1, hin=1, hout=1).json
 
 
 def synthetic_space(large=True):
