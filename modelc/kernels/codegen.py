@@ -67,8 +67,8 @@ def unravel_index(flat: str, dims: tuple, prefix: str) -> tuple[list, list]:
 
 
 def row_waste(extent: int) -> Callable[[int], float]:
-    """The fraction of `extent` that tiles of size t compute past its end (ceil(extent / t) * t
-    elements for extent): what default configs weigh against the tile they would like."""
+    """waste(t): the fraction of `extent` that tiles of size t compute past its end (they cover
+    ceil(extent / t) * t): what default configs weigh against the tile size they aim for."""
     return lambda t: (-(-extent // t) * t - extent) / extent
 
 

@@ -93,8 +93,8 @@ class DepthwiseConv2d(Template):
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
-        """As many accumulator vectors per tile as keep the FMA pipes busy (8 on AVX-512) along
-        the row, and >= 16 parallel tasks per thread when possible."""
+        """About as many accumulator vectors per tile as keep the FMA pipes busy (pipes x latency:
+        8 on current x86 cores) along the row, and >= 16 parallel tasks per thread when possible."""
         g = conv_geometry(wl)
         tg = target.current()
         oh = g.OH

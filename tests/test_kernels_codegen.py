@@ -1,0 +1,61 @@
+"""The templates' shared scaffolding: the source it writes computes what it says."""
+import itertools
+
+import pytest
+
+from modelc import target
+from modelc.kernels.codegen import ParallelItem, row_waste, shifted_start, unravel_index, worth_parallel
+from modelc.target import Target
+
+
+def run(lines, **env):
+    exec("\n".join(ln.strip() for ln in lines), {}, env)
+    return env
+
+
+@pytest.mark.parametrize("extents", [(7,), (3, 4), (2, 5, 3)])
+def test_parallel_item_unravels_innermost_first(extents):
+    names = [f"a{k}" for k in range(len(extents))] + ["outer"]
+    total = 1
+    for e in extents:
+        total *= e
+    for it in range(total * 2):
+        item = ParallelItem()
+        lines = [ln for k, e in enumerate(extents[:-1]) for ln in item.take(names[k], e)]
+        lines += item.last(names[-2], extents[-1], "outer")
+        env = run(lines, it=it)
+        want, rest = [], it
+        for e in extents:
+            want.append(rest % e)
+            rest //= e
+        assert [env[n] for n in names] == want + [rest]
+
+
+def test_a_coordinate_may_be_wrapped_into_a_tile_start():
+    item = ParallelItem("pi", ind="  ")
+    lines = item.take("oh0", 5, lambda r: shifted_start(f"{r} * 3", 13, 3))
+    assert lines == ["  oh0 = min((pi % 5) * 3, 10)", "  rest = pi // 5"]
+
+
+@pytest.mark.parametrize("extent,size", [(10, 3), (9, 3), (7, 7), (16, 5)])
+def test_shifted_tiles_cover_the_extent_and_stay_inside(extent, size):
+    starts = [eval(shifted_start(f"{t} * {size}", extent, size)) for t in range(-(-extent // size))]
+    covered = {s + k for s in starts for k in range(size)}
+    assert covered == set(range(extent))
+    assert shifted_start("t * 4", "(n - ph) // 2", 4) == "min(t * 4, (n - ph) // 2 - 4)"
+
+
+def test_unravel_index_is_row_major_and_skips_unit_dims():
+    dims = (2, 1, 3, 4)
+    lines, exprs = unravel_index("m", dims, "r")
+    assert exprs[1] == "0" and len(lines) == 3
+    for m, idx in enumerate(itertools.product(*map(range, dims))):
+        env = run(lines, m=m)
+        assert tuple(env[e] if e != "0" else 0 for e in exprs) == idx
+
+
+def test_row_waste_and_parallel_defaults():
+    assert row_waste(56)(14) == 0 and row_waste(56)(12) == pytest.approx(4 / 56)
+    for threads, work, want in ((2, 65536, True), (2, 65535, False), (4, 65536, False), (1, 10 ** 9, False)):
+        with target.use(Target.from_features("znver4", "+avx2,+avx512f", threads=threads)):
+            assert worth_parallel(work, 32768) is want
