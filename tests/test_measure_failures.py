@@ -22,6 +22,7 @@ from modelc.tune import records as R
 from modelc.tune.measure import MeasureOptions, Measurer
 from modelc.tune.records import ApplyHistoryBest, Record, RecordWriter, best_by_key, load_records
 from modelc.extract import Task, workload_key
+from workloads import onnx_model
 
 # ---- a template whose one knob picks how its candidate fails ---------------------------------
 
@@ -75,11 +76,9 @@ class QuickFaultyRelu(FaultyRelu):
 @functools.lru_cache(maxsize=None)
 def _workload_json() -> str:
     """A Relu's workload, as task extraction makes it."""
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 7, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 7, 3])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
+    m = onnx_model([helper.make_node("Relu", ["x"], ["y"])],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 7, 3])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 7, 3])], ir_version=8)
     (task,) = modelc.extract_tasks(m)
     return json.dumps(task.workload)
 
