@@ -4,14 +4,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import modelc
+from workloads import onnx_model
 
 
 def _model(nodes, x_shape, inits=(), opset=17):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], list(inits))
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    return m
+    return onnx_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset, ir_version=8)
 
 
 def _c(name, v, dt=np.int64):
