@@ -6,6 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import modelc
+from workloads import onnx_model
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(0)
@@ -16,11 +17,8 @@ def _w(name, shape):
 
 
 def _model(nodes, outputs, inits, x_shape=(1, 16, 9, 11)):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, list(x_shape))],
-                          [helper.make_tensor_value_info(o, F, None) for o in outputs], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return onnx_model(nodes, [helper.make_tensor_value_info("x", F, list(x_shape))],
+                      [helper.make_tensor_value_info(o, F, None) for o in outputs], inits, ir_version=8)
 
 
 CASES = {
@@ -83,11 +81,11 @@ def test_infinite_masks_survive_fast_math():
              helper.make_node("Add", ["p", "mask"], ["b"]),
              helper.make_node("Softmax", ["b"], ["y"], axis=-1),
              helper.make_node("ReduceMax", ["b", "axes"], ["m"], keepdims=1)]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("s", F, [2, 3, 4, 4])],
-                          [helper.make_tensor_value_info("y", F, [2, 3, 4, 6]),
-                           helper.make_tensor_value_info("m", F, [2, 3, 4, 1])], [mask, pads, ninf, numpy_helper.from_array(np.array([-1], np.int64), "axes")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    model = onnx_model(nodes, [helper.make_tensor_value_info("s", F, [2, 3, 4, 4])],
+                       [helper.make_tensor_value_info("y", F, [2, 3, 4, 6]),
+                        helper.make_tensor_value_info("m", F, [2, 3, 4, 1])], [mask, pads, ninf, axes],
+                       opset=18, ir_version=8)
     s = RNG.standard_normal((2, 3, 4, 4)).astype(np.float32)
     s[0, 0, 0, :2] = -np.inf                   # a partly masked row (a fully masked one: see notes)
     mod = modelc.compile(model.SerializeToString())
