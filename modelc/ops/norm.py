@@ -1,8 +1,9 @@
 """Normalisations: BatchNormalization, InstanceNormalization, LayerNormalization,
 GroupNormalization, LRN, LpNormalization.
 
-The references compute statistics in float64 (LayerNormalization in its working dtype, as ONNX's
-reference does) and cast back to the input dtype.
+The references compute statistics in float64 (LayerNormalization, and BatchNormalization's folded
+scale and shift once applied, in float32, or float64 for float64 inputs) and cast the result back
+to the input dtype.
 """
 from __future__ import annotations
 
