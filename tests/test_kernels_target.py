@@ -4,7 +4,7 @@ accumulator vectors, and on an AVX-512 one (32 registers of 16) they are the til
 import pytest
 
 from modelc import target
-from modelc.kernels import template, templates  # noqa: F401  (registers the templates)
+from modelc.kernels import template, templates, testing  # noqa: F401  (registers the templates)
 from modelc.kernels.gemm_space import model_cost
 from modelc.kernels.layout import choose_block
 from modelc.kernels.workload import Workload
@@ -145,3 +145,16 @@ def test_gemm_model_follows_the_target():
     # 6 x 64 is 24 accumulators: they fit AVX-512's 32 registers, AVX2's 16 spill
     assert model_cost(128, 256, 256, 1, 6, 64, tg=AVX2) > model_cost(128, 256, 256, 1, 6, 64, tg=AVX512)
     assert model_cost(128, 256, 256, 1, 4, 16, tg=AVX2) < model_cost(128, 256, 256, 1, 6, 64, tg=AVX2)
+
+
+@pytest.mark.parametrize("wl,name", [(conv(40, 9, 40), "conv2d"), (conv(32, 10, 32, group=32), "depthwise_conv2d"),
+                                     (dense(3, 512, 1000), "dense"), (dense(20, 40, 23), "dense")])
+def test_avx2_defaults_compute_the_reference(wl, name):
+    """Kernels generated for the smaller machine (8-lane tiles, ragged 24-column tiles, k_split)
+    are correct wherever they run."""
+    with target.use(AVX2):
+        t = template.get(name)
+        sp = t.space(wl)
+        cfg = t.default_config(wl, sp)
+        got, want, _, _ = testing.run(wl, t, cfg)
+    assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
