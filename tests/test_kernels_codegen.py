@@ -59,3 +59,31 @@ def test_row_waste_and_parallel_defaults():
     for threads, work, want in ((2, 65536, True), (2, 65535, False), (4, 65536, False), (1, 10 ** 9, False)):
         with target.use(Target.from_features("znver4", "+avx2,+avx512f", threads=threads)):
             assert worth_parallel(work, 32768) is want
+
+
+def pool(op, out_hw):
+    from modelc.kernels.workload import Workload
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1] * 4} if op == "MaxPool" else {}
+    out_hw = [4, 4] if op == "MaxPool" else out_hw
+    return Workload({"version": 1, "params": {},
+                     "inputs": [{"shape": [1, 16, 8, 8], "dtype": "float32", "const": False, "layout": [16, 1]}],
+                     "ops": [{"op": op, "attrs": attrs, "args": ["i0"]}],
+                     "outputs": [{"shape": [1, 16, *out_hw], "dtype": "float32", "value": "v0",
+                                  "layout": [16, 0]}]})
+
+
+def test_conv_dense_and_pool_templates_declare_their_parallel_loop(monkeypatch):
+    """No template here relies on `source` finding `prange` in its text."""
+    import re
+
+    from modelc.kernels import template, templates  # noqa: F401
+    from test_kernels_target import conv, dense
+
+    monkeypatch.setattr(template, "_PRANGE", re.compile(r"(?!)"))
+    for wl, name in [(conv(16, 8, 32), "conv2d"), (conv(16, 8, 32), "conv2d_winograd"),
+                     (conv(16, 8, 16, group=16), "depthwise_conv2d"),
+                     (conv(16, 8, 32, group=2, layout=False), "conv_generic"), (dense(5, 16, 24), "dense"),
+                     (pool("MaxPool", [1, 1]), "pool"), (pool("GlobalAveragePool", [1, 1]), "pool")]:
+        t = template.get(name)
+        src = t.build(wl, t.default_config(wl, t.space(wl))).source
+        assert "in range(lo, hi):" in src and "in prange(" not in src, name

@@ -13,19 +13,24 @@ from typing import Callable
 import numpy as np
 
 from .. import target
-from .template import Kernel, epilogue_inputs, source
+from .template import Kernel, ParallelLoop, epilogue_inputs, parallel_loop, source
 from .workload import Workload
 
 
 class ParallelItem:
     """Coordinates of a flat parallel item (`for it in prange(...)`), innermost first.
 
-    `take` peels one coordinate off (`t = it % 7`, `rest = it // 7`); `last` the outermost two
-    (`ko = rest % 4`, `n = rest // 4`). A template may write its own lines between calls.
+    `loop` heads the parallel loop, `take` peels one coordinate off (`t = it % 7`,
+    `rest = it // 7`), `last` the outermost two (`ko = rest % 4`, `n = rest // 4`). A template may
+    write its own lines between calls.
     """
 
     def __init__(self, flat: str = "it", ind: str = "    "):
-        self.rest, self.ind = flat, ind
+        self.flat, self.rest, self.ind = flat, flat, ind
+
+    def loop(self, n: int) -> ParallelLoop:
+        """The body's parallel loop over the `n` items (`for it in prange(n):`)."""
+        return parallel_loop(self.flat, n)
 
     def take(self, name: str, extent: int, wrap: Callable[[str], str] | None = None) -> list:
         """`name` = the item modulo `extent` (`wrap(expr)` of it, e.g. a tile start)."""

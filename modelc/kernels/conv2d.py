@@ -112,7 +112,7 @@ class Conv2d(Template):
         # the tile: TOH output rows x OWT output columns x KT output channels; a last tile that
         # would pass the end of a row or column is shifted back (recomputing, never branching)
         item = ParallelItem()
-        body = [f"for it in prange({g.N * KO * NR * NT}):",
+        body = [item.loop(g.N * KO * NR * NT),
                 *item.take("t", NT),
                 *item.take("oh0", NR, lambda r: shifted_start(f"{r} * {TOH}", OH, TOH)),
                 *item.last("ko", KO, "n"),

@@ -190,7 +190,7 @@ class ConvGeneric(Template):
                 dtypes.append(wl.inputs[k].dtype)
 
         item = ParallelItem()
-        body = [f"for it in prange({N * KO * math.prod(OS[:-1]) * PH * NT}):", *item.take("t", NT)]
+        body = [item.loop(N * KO * math.prod(OS[:-1]) * PH * NT), *item.take("t", NT)]
         if TR:
             body += item.take("ph", PH)
             body += [f"    j0 = {shifted_start(f't * {OWT}', f'({OW + PH - 1} - ph) // {PH}', OWT)}"]

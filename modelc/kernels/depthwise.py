@@ -143,7 +143,7 @@ class DepthwiseConv2d(Template):
         zero = "np.float32(0.0)"
 
         item = ParallelItem()
-        body = [f"for it in prange({N * CB * NRB}):",
+        body = [item.loop(N * CB * NRB),
                 *item.take("rb", NRB),
                 *item.last("cb", CB, "n"),
                 f"    wb = np.uintp(cb * {KH * KW * b})",

@@ -97,9 +97,9 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
         elif not pack:
             views["B"] = (g.b, (BB, K, N))
     total = BATCH * MG * NT
-    body.append(f"for it in prange({total}):")
     ind = "    "
     item = ParallelItem(ind=ind)
+    body.append(item.loop(total))
     if cfg.get("order", "mn") == "mn":
         body += item.take("nt", NT) + item.last("mg", MG, "bi")
     else:

@@ -29,7 +29,7 @@ from .codegen import ParallelItem, row_waste, shifted_start, worth_parallel
 from .expr import SUPPORTED, ctor, lit
 from .layout import offset
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue, epilogue_inputs, register, source
+from .template import Kernel, Template, epilogue, epilogue_inputs, parallel_loop, register, source
 from .workload import Workload
 
 EXTRA = ["from modelc.kernels.reduce import fmax"]    # llvm.maxnum: a max reduction that vectorises
@@ -229,7 +229,7 @@ def _build_window(wl: Workload, cfg) -> Kernel:
 
     NOT = -(-OH // OHT)
     item = ParallelItem()
-    body = [f"for it in prange({g['N'] * g['CB'] * NOT}):",
+    body = [item.loop(g["N"] * g["CB"] * NOT),
             *item.take("t", NOT),
             *item.last("cb", g["CB"], "n"),
             f"    plane = n * {x_n} + cb * {x_c}",
@@ -331,7 +331,7 @@ def _build_global(wl: Workload, cfg) -> Kernel:
     scale = "" if is_max else f" * {lit(1.0 / (H * W), dt)}"
     PT = cfg["planes_per_task"]
     tasks = g["N"] * g["CB"]
-    body = [f"for it in prange({-(-tasks // PT)}):"]
+    body = [parallel_loop("it", -(-tasks // PT))]
     if B > 1:
         # accumulate runs of P pixels x B lanes (one loop of P*B lanes, which LLVM vectorises)
         # over each row; a plane without halo is one row

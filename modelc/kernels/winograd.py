@@ -169,7 +169,7 @@ class Conv2dWinograd(Template):
             split = item.take("g", NG) + item.last("ko", KO, "n")
         else:
             split = item.take("ko", KO) + item.last("g", NG, "n")
-        body = [f"for it in prange({g.N * KO * NG}):", *split,
+        body = [item.loop(g.N * KO * NG), *split,
                 f"    ko0 = {shifted_start(f'ko * {mb}', KBLK, mb)}",
                 f"    q0 = {shifted_start(f'g * {TT}', NT, TT)}",
                 f"    acc = carray(stack_empty({ACC}, np.float32), {ACC})",
