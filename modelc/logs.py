@@ -22,3 +22,11 @@ def to_stderr(level: int = logging.INFO):
     finally:
         log.removeHandler(handler)
         log.setLevel(old_level)
+
+
+def shown(verbose: int):
+    """`to_stderr` while a call that was asked to report (`verbose`) runs in a program that has
+    set up no logging of its own (else its own handlers decide)."""
+    if verbose and not logging.getLogger("modelc").hasHandlers():
+        return to_stderr()
+    return contextlib.nullcontext()

@@ -253,7 +253,8 @@ class ApplyHistoryBest:
         if uniq:
             line += f"; untuned (default config): {'; '.join(uniq[:8])}" + (" ..." if len(uniq) > 8 else "")
         self.summary = line
-        logger.info(line)
+        # a miss is a warning: shown even to a program that set up no logging (Python's last resort)
+        (logger.warning if uniq else logger.info)(line)
 
     def __enter__(self):
         dispatch.push(self)

@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 
+from .. import logs
 from ..errors import ModelcError
 from ..extract import Task, extract_tasks, workload_flops
 from . import records as R
@@ -138,59 +139,60 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
     for tn in tuners:
         tn.load_history(warm)
 
-    measurer = Measurer(measure_options)
-    writer = R.RecordWriter(log)
-    done = sum(len(v) for v in history.values())
-    progress = _Progress(n_trials, done, verbose == 0)
+    with logs.shown(verbose):
+        measurer = Measurer(measure_options)
+        writer = R.RecordWriter(log)
+        done = sum(len(v) for v in history.values())
+        progress = _Progress(n_trials, done, verbose == 0)
 
-    def measure(i: int, configs: list) -> list:
-        recs = measurer.measure(tasks[i], configs, target)
-        for rec in recs:
-            rec.weight = tasks[i].weight
-            writer.write(rec)
-            if verbose >= 2 and rec.error:
-                logger.info("[%s] %s: %s", tasks[i].desc, R.ERROR_NAMES[rec.error], rec.error_msg)
-        costs = [rec.cost for rec in recs]
-        tuners[i].update(configs, costs)
-        return costs
+        def measure(i: int, configs: list) -> list:
+            recs = measurer.measure(tasks[i], configs, target)
+            for rec in recs:
+                rec.weight = tasks[i].weight
+                writer.write(rec)
+                if verbose >= 2 and rec.error:
+                    logger.info("[%s] %s: %s", tasks[i].desc, R.ERROR_NAMES[rec.error], rec.error_msg)
+            costs = [rec.cost for rec in recs]
+            tuners[i].update(configs, costs)
+            return costs
 
-    def tune_round(i: int, n: int) -> list:
-        # A config that has been beaten - the previous best, or the default (the untuned
-        # kernel) - is measured once more, at the start of the task's next round: on a shared
-        # machine one disturbed timing would otherwise lose it for good, and the tuned module
-        # could end up slower than the untuned one (seen here: 0.96x, after a default conv had
-        # read 2x slow). A config keeps the lowest of its measurements; a re-measurement is a
-        # trial like any other, so the budget stays exact.
-        again = recheck[i][:n]
-        del recheck[i][:n]
-        configs = tuners[i].next_batch(n - len(again)) if n > len(again) else []
-        if not configs and not again:
-            return []
-        before = tuners[i].best_config
-        costs = measure(i, again + configs)
-        best = tuners[i].best_config
-        for c in (before, defaults[i]):
-            if (c is not None and best is not None and c.index != best.index
-                    and c.index in tuners[i].measured and c.index not in rechecked[i]):
-                rechecked[i].add(c.index)
-                recheck[i].append(c)
-        progress.update(len(costs))
-        return costs
+        def tune_round(i: int, n: int) -> list:
+            # A config that has been beaten - the previous best, or the default (the untuned
+            # kernel) - is measured once more, at the start of the task's next round: on a shared
+            # machine one disturbed timing would otherwise lose it for good, and the tuned module
+            # could end up slower than the untuned one (seen here: 0.96x, after a default conv had
+            # read 2x slow). A config keeps the lowest of its measurements; a re-measurement is a
+            # trial like any other, so the budget stays exact.
+            again = recheck[i][:n]
+            del recheck[i][:n]
+            configs = tuners[i].next_batch(n - len(again)) if n > len(again) else []
+            if not configs and not again:
+                return []
+            before = tuners[i].best_config
+            costs = measure(i, again + configs)
+            best = tuners[i].best_config
+            for c in (before, defaults[i]):
+                if (c is not None and best is not None and c.index != best.index
+                        and c.index in tuners[i].measured and c.index not in rechecked[i]):
+                    rechecked[i].add(c.index)
+                    recheck[i].append(c)
+            progress.update(len(costs))
+            return costs
 
-    cbs = list(callbacks)
-    if verbose >= 1:
-        cbs.append(PrintTableCallback(file=sys.stderr))
-    sched = TaskScheduler(tasks, strategy=strategy, objective=best_of_alternatives(tasks),
-                          similarity=similarity_groups(tasks), early_stopping_task=early_stopping,
-                          callbacks=cbs, seed=seed)
-    t0 = time.time()
-    try:
-        sched.tune(n_trials, trials_per_round, tune_round, history=history)
-    finally:
-        progress.close()
-        writer.close()
-        measurer.close()
-    if verbose >= 1:
-        logger.info("tuning finished: %d trials in %.0f s, estimated total latency %.3f ms; log: %s",
-                    sched.total_trials, time.time() - t0, sched.objective_value() * 1e3, log)
+        cbs = list(callbacks)
+        if verbose >= 1:
+            cbs.append(PrintTableCallback(file=sys.stderr))
+        sched = TaskScheduler(tasks, strategy=strategy, objective=best_of_alternatives(tasks),
+                              similarity=similarity_groups(tasks), early_stopping_task=early_stopping,
+                              callbacks=cbs, seed=seed)
+        t0 = time.time()
+        try:
+            sched.tune(n_trials, trials_per_round, tune_round, history=history)
+        finally:
+            progress.close()
+            writer.close()
+            measurer.close()
+        if verbose >= 1:
+            logger.info("tuning finished: %d trials in %.0f s, estimated total latency %.3f ms; log: %s",
+                        sched.total_trials, time.time() - t0, sched.objective_value() * 1e3, log)
     return sched
