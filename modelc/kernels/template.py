@@ -9,7 +9,6 @@ kernel).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -175,11 +174,6 @@ def _chunked(body: list) -> tuple[list, int]:
     """`body` with its parallel loops restricted to items [lo, hi)."""
     loops = [(k, ln) for k, ln in enumerate(body) if isinstance(ln, ParallelLoop)]
     if not loops:
-        loops = [(k, ParallelLoop(m.group(1), int(m.group(2))))
-                 for k, ln in enumerate(body) if (m := _PRANGE.fullmatch(ln))]
-    elif any(not isinstance(ln, ParallelLoop) and _PRANGE.fullmatch(ln) for ln in body):
-        raise ModelcError("a kernel body mixes declared parallel loops with prange loops written as text")
-    if not loops:
         return ["if lo < hi:"] + ["    " + ln for ln in body], 1
     out, start = list(body), 0
     for k, loop in loops:
@@ -191,9 +185,6 @@ def _chunked(body: list) -> tuple[list, int]:
         start += n
     return out, start
 
-
-# Loops written as text, by templates that do not declare theirs with `parallel_loop` yet.
-_PRANGE = re.compile(r"for (\w+) in prange\((\d+)\):")
 
 
 def broadcast_index(shape, out_shape, out_idx: list) -> list:
