@@ -24,8 +24,8 @@ FASTMATH = "{'afn', 'arcp', 'contract', 'nsz', 'reassoc'}"
 
 # ---- intrinsics (imported by generated modules) ---------------------------------------------------
 
-# The module generated kernels import the intrinsics from (it re-exports them).
-MODULE = "modelc.kernels.reduce"
+# The module generated kernels import the intrinsics from: this one.
+MODULE = __name__
 
 
 def imports(*names: str) -> str:

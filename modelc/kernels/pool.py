@@ -27,12 +27,13 @@ import numpy as np
 from .. import target
 from .codegen import ParallelItem, row_waste, shifted_start, worth_parallel
 from .expr import SUPPORTED, ctor, lit
+from .intrinsics import imports
 from .layout import offset
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue, epilogue_inputs, parallel_loop, register, source
 from .workload import Workload
 
-EXTRA = ["from modelc.kernels.reduce import fmax"]    # llvm.maxnum: a max reduction that vectorises
+EXTRA = [imports("fmax")]    # llvm.maxnum: a max reduction that vectorises
 OPS = ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")
 OWT_BLOCKED = [1, 2, 3, 4, 6, 7, 8]           # pixels per tile, written out in the source
 OWT_PLAIN = [16, 32, 64]                       # a loop over pixels (8 stayed scalar)

@@ -13,10 +13,6 @@ import math
 import numpy as np
 
 from .expr import ctor, lit
-# Generated kernels (reductions, softmax, sigmoids, NaN tests, max pools) import the intrinsics
-# from this module: the import is part of their text (intrinsics.MODULE), so naming another
-# module would change the source of every such kernel.
-from .intrinsics import f32_from_bits, float_bits, fmax, fmin  # noqa: F401
 from .intrinsics import imports
 from .layout import strides
 from .pool import chain_ok
