@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from . import logs
+from . import logs, target
 from .errors import ModelcError
 from .resolve import resolve_model
 
@@ -48,6 +48,7 @@ def cmd_info(args):
     macs = graph_macs(graph)
     print(f"MACs    {macs:,} ({macs / 1e9:.3f} G)")
     print("ops     " + ", ".join(f"{op} x{n}" for op, n in graph.op_counts().items()))
+    print(f"target  {target.current().describe()}")      # what default kernels are shaped for
     _print_fallbacks(_fallback_groups(graph))
     if args.graph:
         print(graph)

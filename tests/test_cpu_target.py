@@ -83,3 +83,19 @@ def test_cost_model_features_follow_the_target():
             derived[t.llvm_cpu] = dict(zip(features.DERIVED, features._derived(sp, wl, {"tile_n": 24}, 3e4)))
     # 24 floats are 3 AVX2 vectors but 2 AVX-512 ones
     assert derived["znver3"]["log_vec_regs"] > derived["znver4"]["log_vec_regs"]
+
+
+def test_info_names_the_target_kernels_are_shaped_for(tmp_path, capsys):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from modelc.cli import main
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])
+    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 18)])
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    assert main(["info", str(tmp_path / "m.onnx")]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("target"))
+    t = Target.host()
+    assert t.llvm_cpu in line and f"{t.vector_bits}-bit vectors x {t.vector_registers} registers" in line
