@@ -4,7 +4,6 @@ get AVX-512's (16) and the values on an AVX-512 machine stay those the kernels w
 Also the code generation options that replaced text patching of generated kernels."""
 import dataclasses
 
-import pytest
 
 from modelc import target
 from modelc.kernels import rows, template, templates  # noqa: F401  (registers the templates)

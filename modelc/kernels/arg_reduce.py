@@ -10,11 +10,10 @@ import math
 import numpy as np
 
 from .expr import ctor, lit
-from .pool import chain_ok
 from .rows import (axis_index, column_blocks, column_tasks, default_row_or_column, define_row_or_column, finish,
                    store, tasks_loop)
 from .space import ConfigSpace
-from .template import INT_OR_FLOAT, Kernel, Template, plain_anchor_input, register
+from .template import INT_OR_FLOAT, Kernel, Template, chain_ok, plain_anchor_input, register
 from .workload import Workload
 
 

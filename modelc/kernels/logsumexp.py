@@ -14,10 +14,9 @@ import math
 import numpy as np
 
 from .expr import ctor
-from .pool import chain_ok
 from .rows import default_rows, define_rows, finish, knob_values, store
 from .space import ConfigSpace
-from .template import Kernel, Template, parallel_loop, register
+from .template import Kernel, Template, chain_ok, parallel_loop, register
 from .workload import Workload
 
 

@@ -13,10 +13,9 @@ import math
 import numpy as np
 
 from .expr import lit
-from .pool import chain_ok
 from .rows import default_rows, define_rows, finish, knob_values, plain_float, store, tasks_loop, unflatten
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue_inputs, register
+from .template import Kernel, Template, chain_ok, epilogue_inputs, register
 from .workload import Workload
 
 

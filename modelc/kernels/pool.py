@@ -26,11 +26,11 @@ import numpy as np
 
 from .. import target
 from .codegen import ParallelItem, row_waste, shifted_start, worth_parallel
-from .expr import SUPPORTED, ctor, lit
+from .expr import ctor, lit
 from .intrinsics import imports
 from .layout import offset
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue, epilogue_inputs, parallel_loop, register, source
+from .template import Kernel, Template, anchor_ref, chain_ok, epilogue, epilogue_inputs, parallel_loop, register, source
 from .workload import Workload
 
 EXTRA = [imports("fmax")]    # llvm.maxnum: a max reduction that vectorises
@@ -42,28 +42,6 @@ MAX_TAPS = 128                                 # window taps x tile pixels writt
 PARALLEL_MIN = 32768                           # window taps per thread for a parallel default
 GLOBAL_PARALLEL_MIN = 16384                    # pixels per thread for a parallel global pool
 GLOBAL_TASKS_PER_THREAD = 8                    # a global pool's default parallel tasks per thread
-
-
-def anchor_ref(wl: Workload) -> str | None:
-    """The name of the anchor's (single) used result, or None when another output is used."""
-    used = {a for op in wl.ops for a in op.args} | set(wl.output_values)
-    mine = {v for v in used if v == "v0" or v.startswith("v0.")}
-    if mine - {"v0", "v0.0"} or len(mine) > 1:
-        return None
-    return mine.pop() if mine else "v0"
-
-
-def chain_ok(wl: Workload) -> bool:
-    """A single output: the end of an elementwise chain of the anchor's shape."""
-    ref = anchor_ref(wl)
-    if ref is None or len(wl.outputs) != 1:
-        return False
-    last = f"v{wl.ops[-1].index}" if wl.epilogue else ref
-    if wl.output_values[0] != last or any(op.op not in SUPPORTED for op in wl.epilogue):
-        return False
-    anchor_shape = wl.spec(ref).shape
-    return all(wl.spec(f"v{op.index}").shape == anchor_shape for op in wl.epilogue) and \
-        wl.outputs[0].shape == anchor_shape
 
 
 def _geometry(wl: Workload) -> dict:

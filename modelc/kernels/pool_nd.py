@@ -17,10 +17,9 @@ import numpy as np
 
 from ..ops.window import window_geometry
 from .expr import ctor, lit
-from .pool import chain_ok
 from .rows import default_rows, define_rows, knob_values, store
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue_inputs, parallel_loop, register, source
+from .template import Kernel, Template, chain_ok, epilogue_inputs, parallel_loop, register, source
 from .workload import Workload
 
 OPS = ("MaxPool", "AveragePool", "LpPool")

@@ -15,11 +15,10 @@ import numpy as np
 from .expr import ctor, lit
 from .intrinsics import imports
 from .layout import strides
-from .pool import chain_ok
 from .rows import (axis_index, column_blocks, default_row_or_column, define_row_or_column, finish, row_fold,
                    store, tasks_loop)
 from .space import ConfigSpace
-from .template import Kernel, Template, register
+from .template import Kernel, Template, chain_ok, register
 from .workload import Workload
 
 EXTRA = [imports("f32_from_bits", "fmax", "fmin")]

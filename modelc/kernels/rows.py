@@ -19,9 +19,8 @@ import numpy as np
 
 from .. import target
 from .layout import strides
-from .pool import anchor_ref
 from .space import ConfigSpace
-from .template import Kernel, epilogue, epilogue_inputs, parallel_loop, source
+from .template import Kernel, anchor_ref, epilogue, epilogue_inputs, parallel_loop, source
 from .workload import Workload
 
 RPT_CANDIDATES = [1, 2, 4, 8, 16, 32, 64]

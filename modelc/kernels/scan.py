@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import math
 
-from .pool import chain_ok
 from .rows import axis_index, default_rows, define_rows, finish, knob_values, store
 from .space import ConfigSpace
-from .template import INT_OR_FLOAT, Kernel, Template, parallel_loop, plain_anchor_input, register
+from .template import INT_OR_FLOAT, Kernel, Template, chain_ok, parallel_loop, plain_anchor_input, register
 from .workload import Workload
 
 

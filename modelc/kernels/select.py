@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from .arg_reduce import arg_better
 from .expr import ctor
-from .pool import chain_ok
 from .rows import default_rows, define_rows, finish, knob_values, store
 from .scan import column_geometry, column_loop, const_int
 from .space import ConfigSpace
-from .template import INT_OR_FLOAT, Kernel, Template, plain_anchor_input, register, source
+from .template import INT_OR_FLOAT, Kernel, Template, chain_ok, plain_anchor_input, register, source
 from .workload import Workload
 
 MAX_K = 256

@@ -13,11 +13,10 @@ import numpy as np
 
 from .expr import ctor, lit
 from .intrinsics import exp_lines, imports
-from .pool import chain_ok
 from .rows import (axis_index, column_blocks, column_tasks, default_row_or_column, define_row_or_column, finish,
                    plain_float, row_fold, store, tasks_loop, unflatten)
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue_inputs, register
+from .template import Kernel, Template, chain_ok, epilogue_inputs, register
 from .workload import Workload
 
 EXTRA = [imports("f32_from_bits", "fmax", "fmin")]

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ModelcError
-from .expr import ctor, emit, lit
+from .expr import SUPPORTED, ctor, emit, lit
 from .intrinsics import FASTMATH, helpers
 from .layout import offset, uoffset
 from .space import Config, ConfigSpace
@@ -238,6 +238,28 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
     return lines, names.get(f"v{ops[-1].index}", value) if ops else value
 
 
+def anchor_ref(wl: Workload) -> str | None:
+    """The name of the anchor's (single) used result, or None when another output is used."""
+    used = {a for op in wl.ops for a in op.args} | set(wl.output_values)
+    mine = {v for v in used if v == "v0" or v.startswith("v0.")}
+    if mine - {"v0", "v0.0"} or len(mine) > 1:
+        return None
+    return mine.pop() if mine else "v0"
+
+
+def chain_ok(wl: Workload) -> bool:
+    """A single output: the end of an elementwise chain of the anchor's shape."""
+    ref = anchor_ref(wl)
+    if ref is None or len(wl.outputs) != 1:
+        return False
+    last = f"v{wl.ops[-1].index}" if wl.epilogue else ref
+    if wl.output_values[0] != last or any(op.op not in SUPPORTED for op in wl.epilogue):
+        return False
+    anchor_shape = wl.spec(ref).shape
+    return all(wl.spec(f"v{op.index}").shape == anchor_shape for op in wl.epilogue) and \
+        wl.outputs[0].shape == anchor_shape
+
+
 def _value_dtype(wl: Workload, ref: str, default) -> np.dtype:
     try:
         return wl.spec(ref).dtype
@@ -267,5 +289,4 @@ def epilogue_inputs(ops: list) -> list:
 
 __all__ = ["KERNEL_DTYPES", "FALLBACK_DTYPES", "unsupported_dtype", "Kernel", "Template", "TEMPLATES",
            "register", "select", "alternatives", "get", "source", "parallel_loop", "ParallelLoop", "epilogue",
-           "epilogue_inputs",
-           "broadcast_index", "ctor", "lit"]
+           "epilogue_inputs", "anchor_ref", "chain_ok", "broadcast_index", "ctor", "lit"]
