@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from .errors import ModelcError
-from . import memory
+from . import memory, target
 
 
 class DocumentError(ModelcError):
@@ -271,8 +271,11 @@ def check_config(template: str, wl: dict, config, path: str, key: str | None = N
     Returns the `Config` (the template's default for a None config). `key`, the workload's key,
     lets the template's space be built once for many configs."""
     check_str(template, f"{path}.template", _IDENT)
-    tpl, view, space = _space(template, wl, path) if key is None else \
-        _spaces.get((key, template)) or _spaces.setdefault((key, template), _space(template, wl, path))
+    if key is None:
+        tpl, view, space = _space(template, wl, path)
+    else:       # candidates follow the target's vectors: a space is the same for one target only
+        at = (key, template, target.current())
+        tpl, view, space = _spaces.get(at) or _spaces.setdefault(at, _space(template, wl, path))
     if config is None:
         return tpl.default_config(view, space)
     if not isinstance(config, dict):
@@ -285,7 +288,7 @@ def check_config(template: str, wl: dict, config, path: str, key: str | None = N
         raise DocumentError(f"{path}.config: {e}") from None
 
 
-_spaces: dict = {}          # (workload key, template) -> (template, workload view, config space)
+_spaces: dict = {}          # (workload key, template, target) -> (template, workload view, config space)
 
 
 def _space(template: str, wl: dict, path: str):

@@ -99,3 +99,25 @@ def test_info_names_the_target_kernels_are_shaped_for(tmp_path, capsys):
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("target"))
     t = Target.host()
     assert t.llvm_cpu in line and f"{t.vector_bits}-bit vectors x {t.vector_registers} registers" in line
+
+
+def test_a_config_is_checked_against_the_space_of_the_current_target():
+    """Candidates follow the vectors (dense's tile_n: multiples of one vector), so a config
+    checked once under one target is not taken as checked under another."""
+    from modelc.errors import ModelcError
+    from modelc.extract import workload_key
+    from modelc.validate import check_config
+    from test_kernels_target import dense
+
+    wl = dense(8, 64, 64).json
+    key = workload_key(wl)
+    big = Target.from_features("znver4", AVX512, threads=2)
+    small = Target.from_features("znver3", AVX2, threads=2)
+    with target.use(big):
+        cfg = check_config("dense", wl, None, "t", key)          # the default, tile_n a multiple of 16
+        assert cfg["tile_n"] % 16 == 0 and check_config("dense", wl, cfg.values, "t", key).values == cfg.values
+    with target.use(small):
+        assert check_config("dense", wl, None, "t", key)["tile_n"] % 8 == 0
+        big_only = {**cfg.values, "tile_n": 64}
+        with pytest.raises(ModelcError, match="tile_n"):
+            check_config("dense", wl, big_only, "t", key)
