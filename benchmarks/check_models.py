@@ -72,7 +72,8 @@ def check(path: str, n_inputs: int, jobs: int, bench: bool) -> dict:
             else:
                 rel = max(rel, float((g != w).mean()))
         w0, g0 = np.asarray(want[0]), np.asarray(got[0])
-        agree += int(np.argmax(w0.reshape(w0.shape[0], -1), -1).tolist() == np.argmax(g0.reshape(g0.shape[0], -1), -1).tolist())
+        top1 = np.argmax(w0.reshape(w0.shape[0], -1), -1), np.argmax(g0.reshape(g0.shape[0], -1), -1)
+        agree += int(top1[0].tolist() == top1[1].tolist())
     res.update(rel_err=rel, top1=f"{agree}/{n_inputs}", ok=rel <= TOLERANCE)
     if bench:           # alternating blocks with pauses: onnxruntime's spinning threads must not
         feeds = _inputs(sess, 0)        # hold the cores while modelc is timed (and vice versa)

@@ -11,5 +11,5 @@ from .runtime import Module, load
 from .tune.records import ApplyHistoryBest
 from .tune.tuning import tune
 
-__all__ = ["ApplyHistoryBest", "ModelcError", "Module", "compile", "tune", "extract_tasks", "from_onnx", "load", "reference",
-           "__version__"]
+__all__ = ["ApplyHistoryBest", "ModelcError", "Module", "compile", "tune", "extract_tasks", "from_onnx", "load",
+           "reference", "__version__"]

@@ -285,7 +285,8 @@ def test_reductions_whose_results_broadcast_back_get_kernels(chain):
 
 @pytest.mark.parametrize("attrs,b_const,c_shape", [({"transA": 1}, True, (6,)), ({}, False, (4, 6)),
                                                    ({"transB": 1, "alpha": 0.5, "beta": 2.0}, False, (1, 6)),
-                                                   ({"alpha": 3.0}, True, (4, 6)), ({"transA": 1, "transB": 1}, False, None)])
+                                                   ({"alpha": 3.0}, True, (4, 6)),
+                                                   ({"transA": 1, "transB": 1}, False, None)])
 def test_gemm_in_any_form_gets_kernels(attrs, b_const, c_shape):
     """A Gemm that is not a dense layer is rewritten as Transpose / MatMul / Mul / Add."""
     F = TensorProto.FLOAT

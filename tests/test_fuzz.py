@@ -382,7 +382,8 @@ def mutate_input_shape(m, data):
             d.dim_param = "N"
         else:
             d.dim_value = data.draw(st.sampled_from(DIMS), label="dim")
-    return f"input {inp.name}: {action} -> {[(d.dim_param or d.dim_value) for d in tt.shape.dim] if tt.HasField('shape') else None}"
+    dims = [(d.dim_param or d.dim_value) for d in tt.shape.dim] if tt.HasField('shape') else None
+    return f"input {inp.name}: {action} -> {dims}"
 
 
 def _cast(v, dtype):

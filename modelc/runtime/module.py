@@ -145,7 +145,8 @@ class Module:
         holds = {}
         for n, b in sorted(plan.tensor_buffer.items()):
             holds.setdefault(b, n)
-        memory.check({f"buffer of {holds.get(k, '?')}": size * dt.itemsize for k, (size, dt) in enumerate(plan.buffers)},
+        memory.check({f"buffer of {holds.get(k, '?')}": size * dt.itemsize
+                      for k, (size, dt) in enumerate(plan.buffers)},
                      f"module {program['name']!r}")
 
         built = [(s, get_template(s["template"]).build(Workload(s["workload"]), cfg))
