@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from modelc.kernels import cache
-from modelc.kernels.template import source
+from modelc.kernels.template import parallel_loop, source
 
-TWO_LOOPS = ["for i in prange(7):",
+TWO_LOOPS = [parallel_loop("i", 7),
              "    out0[i] = in0[i] * np.float32(2.0)",
-             "for j in prange(3):",
+             parallel_loop("j", 3),
              "    out1[j] = out1[j] + in0[j] + np.float32(1.0)"]   # += shows an item run twice
 
 
@@ -47,7 +47,7 @@ def test_body_without_parallel_loop_is_one_item():
 
 
 def test_views_read_the_argument_memory_as_nd_arrays():
-    body = ["for i in prange(2):", "    for j in range(3):", "        out0[i * 3 + j] = X[i, j] + X[1 - i, j]"]
+    body = [parallel_loop("i", 2), "    for j in range(3):", "        out0[i * 3 + j] = X[i, j] + X[1 - i, j]"]
     fn = cache.load(source(["out0", "in0"], [np.float32] * 2, body, views={"X": ("in0", (2, 3))}))
     x = np.arange(6, dtype=np.float32)
     out = np.zeros(6, np.float32)
@@ -69,6 +69,6 @@ def test_arguments_are_checked_before_the_kernel_sees_a_pointer():
 
 
 def test_compiled_kernels_are_cached_on_disk():
-    src = source(["out0", "in0"], [np.float32] * 2, ["for i in prange(4):", "    out0[i] = in0[i] + np.float32(3.0)"])
+    src = source(["out0", "in0"], [np.float32] * 2, [parallel_loop("i", 4), "    out0[i] = in0[i] + np.float32(3.0)"])
     cache.load(src)
     assert cache.is_compiled(cache.source_path(src))
