@@ -78,13 +78,12 @@ def bench(name: str, threads: int, rounds: int, log: str | None) -> dict:
     err = float(np.abs(got - want).max() / np.abs(want).max())
     times = alternating_timings({"ort": lambda: sess.run(None, feeds), "modelc": lambda: mod.run(feeds)}, rounds)
     t_ort, t_mc = times["ort"], times["modelc"]
-    prof = mod.profile(repeat=5)
-    steps = [s for s in mod.program["steps"] if not s.get("view")]
     from modelc.extract import workload_flops
     best_conv = 0.0
-    for s, (_, ms) in zip(steps, prof):
+    for p in mod.profile(repeat=5, feeds=feeds):
+        s = mod.program["steps"][p["step"]]
         if s["template"] in ("conv2d", "depthwise_conv2d"):
-            best_conv = max(best_conv, workload_flops(s["workload"]) / (ms / 1e3) / 1e9)
+            best_conv = max(best_conv, workload_flops(s["workload"]) / (p["ms"] / 1e3) / 1e9)
     return {"model": name, "ort_ms": statistics.median(t_ort) * 1e3, "modelc_ms": statistics.median(t_mc) * 1e3,
             "cold_s": cold, "warm_s": warm, "best_conv_gflops": best_conv, "rel_err": err}
 

@@ -4,8 +4,10 @@ Builds the untuned module (default configs) and, with a tuning log, the tuned on
 onnxruntime session on the same thread count with every graph optimisation on; times all of them
 in this process in alternating blocks; and checks each module's outputs against onnxruntime over
 K seeded inputs. The exit status is 1 when any module disagrees beyond the tolerance.
+`--against openvino` adds OpenVINO's row (an optional extra); `--per-layer` adds where the time
+goes, fused group by fused group, beside the onnxruntime nodes each replaces (layers.py).
 
-    python -m modelc.compare resnet18 --trials 200 --log r18.jsonl
+    python -m modelc.compare resnet18 --trials 200 --log r18.jsonl --against openvino --per-layer
 """
 from __future__ import annotations
 
@@ -36,11 +38,11 @@ def alternating_timings(fns: dict, rounds: int, block: int = 10, pause: float = 
     return times
 
 
-def _accuracy(run, sess, inputs: list, in_name: str) -> dict:
+def _accuracy(run, reference, inputs: list, in_name: str) -> dict:
     abs_err, rel_err, agree = 0.0, 0.0, 0
     for x in inputs:
-        want = sess.run(None, {in_name: x})
-        got = run(x)
+        want = reference({in_name: x})
+        got = run({in_name: x})
         for w, g in zip(want, got):
             e = float(np.abs(g.astype(np.float64) - w).max())
             abs_err = max(abs_err, e)
@@ -54,12 +56,15 @@ def _accuracy(run, sess, inputs: list, in_name: str) -> dict:
 
 
 def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5, threads: int = 2,
-            rounds: int = 100, shape: dict | None = None, quiet: bool = False) -> dict:
-    """Run the comparison; returns the results as a dict (what --json writes)."""
+            rounds: int = 100, shape: dict | None = None, quiet: bool = False, against: tuple = (),
+            per_layer: bool = False) -> dict:
+    """Run the comparison; returns the results as a dict (what --json writes). `against` adds
+    other runtimes (peers.PEERS: "openvino") as rows; `per_layer` adds layers.report of the
+    tuned module (the untuned one without a log)."""
     import numba
-    import onnxruntime as ort
 
     import modelc
+    from . import peers
     from .resolve import resolve_model
     from .tune.records import ApplyHistoryBest
 
@@ -76,22 +81,18 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
         with ApplyHistoryBest(log) as ctx:
             modules["modelc (tuned)"] = modelc.compile(graph)
         summary = ctx.summary
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     spec = untuned.input_specs[0]
     in_name = spec["name"]
+    shapes = {i["name"]: i["shape"] for i in untuned.input_specs}
+    runtimes = {"onnxruntime": peers.runner("onnxruntime", path, threads, shapes)}
+    runtimes.update({name: peers.runner(name, path, threads, shapes) for name in against if name != "onnxruntime"})
+    out_names = [o["name"] for o in untuned.output_specs]
+    for name, m in modules.items():
+        runtimes[name] = (lambda m: (lambda feeds: [m.run(feeds)[n] for n in out_names]))(m)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(spec["shape"]).astype(spec["dtype"]) for _ in range(inputs)]
-    out_names = [o["name"] for o in untuned.output_specs]
-
-    def runner(mod):
-        return lambda x: [mod.run({in_name: x})[n] for n in out_names]
-
-    fns = {"onnxruntime": lambda: sess.run(None, {in_name: xs[0]})}
-    fns.update({name: (lambda m: (lambda: m.run({in_name: xs[0]})))(m) for name, m in modules.items()})
-    times = alternating_timings(fns, rounds)
+    feeds = {in_name: xs[0]}
+    times = alternating_timings({name: (lambda r: (lambda: r(feeds)))(r) for name, r in runtimes.items()}, rounds)
     rows = []
     ort_ms = statistics.median(times["onnxruntime"]) * 1e3
     base_ms = statistics.median(times["modelc (untuned)"]) * 1e3
@@ -101,13 +102,21 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
                "p10_ms": ms[len(ms) // 10], "p90_ms": ms[(9 * len(ms)) // 10],
                "speedup_vs_onnxruntime": ort_ms / statistics.median(ms)}
         if name != "onnxruntime":
+            row.update(_accuracy(runtimes[name], runtimes["onnxruntime"], xs, in_name))
+        if name in modules:
             row["speedup_vs_untuned"] = base_ms / statistics.median(ms)
-            row.update(_accuracy(runner(modules[name]), sess, xs, in_name))
             row["ok"] = row["max_rel_err"] <= TOLERANCE
         rows.append(row)
-    return {"model": model, "path": path, "input": {in_name: spec["shape"]}, "threads": threads,
-            "log": log, "tuning_summary": summary, "tolerance": TOLERANCE, "rows": rows,
-            "ok": all(r.get("ok", True) for r in rows), "cpu": _cpu()}
+    res = {"model": model, "path": path, "input": {in_name: spec["shape"]}, "threads": threads,
+           "log": log, "tuning_summary": summary, "tolerance": TOLERANCE, "rows": rows,
+           "ok": all(r.get("ok", True) for r in rows), "cpu": _cpu()}
+    if per_layer:
+        from .layers import report
+        from .passes.lower import lower
+        mod = modules.get("modelc (tuned)", untuned)
+        res["per_layer"] = report(mod, graph, lower(graph), path, feeds, threads)
+        res["per_layer"]["module"] = "modelc (tuned)" if mod is not untuned else "modelc (untuned)"
+    return res
 
 
 def _cpu() -> str:
@@ -133,6 +142,11 @@ def format_table(res: dict, markdown: bool = False) -> str:
         f": outputs {'agree' if res['ok'] else 'DISAGREE'} with onnxruntime within {res['tolerance']:g} " \
         "of the output scale; speedups > 1 mean faster than the reference"
     extra = [res["tuning_summary"]] if res["tuning_summary"] else []
+    peer_rows = [r for r in res["rows"] if not r["runtime"].startswith("modelc")]
+    if len(peer_rows) > 1:
+        best = min(peer_rows, key=lambda r: r["median_ms"])
+        extra += [f"{r['runtime']} / fastest peer ({best['runtime']}): {r['median_ms'] / best['median_ms']:.2f}"
+                  for r in res["rows"] if r["runtime"].startswith("modelc")]
     if markdown:
         out = [f"**{title}**", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         out += ["| " + " | ".join(c) + " |" for c in lines]
@@ -141,7 +155,12 @@ def format_table(res: dict, markdown: bool = False) -> str:
     fmt = "  ".join(f"{{:<{w}}}" if i == 0 else f"{{:>{w}}}" for i, w in enumerate(widths))
     out = [title, fmt.format(*head), fmt.format(*["-" * w for w in widths])]
     out += [fmt.format(*c) for c in lines]
-    return "\n".join(out + extra + [verdict]) + "\n"
+    text = "\n".join(out + extra + [verdict]) + "\n"
+    if res.get("per_layer"):
+        from .layers import format_report
+        text += "\n" + format_report(res["per_layer"], f"per layer: {res['per_layer']['module']} against "
+                                      f"onnxruntime's profiler, {res['threads']} threads, {res['cpu']}")
+    return text
 
 
 def add_arguments(p: argparse.ArgumentParser):
@@ -153,12 +172,16 @@ def add_arguments(p: argparse.ArgumentParser):
     p.add_argument("--rounds", type=int, default=100, help="timed runs per runtime")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    p.add_argument("--against", action="append", default=[], choices=["openvino"],
+                   help="also time this runtime (an optional extra) and check it against onnxruntime")
+    p.add_argument("--per-layer", action="store_true",
+                   help="also print each fused group's kernel time beside the onnxruntime nodes it replaces")
     p.add_argument("-q", "--quiet", action="store_true", help="no tuning progress output")
 
 
 def run(args) -> int:
     res = compare(args.model, args.log, args.trials, args.inputs, args.threads, args.rounds,
-                  quiet=args.quiet)
+                  quiet=args.quiet, against=tuple(args.against), per_layer=args.per_layer)
     sys.stdout.write(format_table(res))
     if args.json:
         with open(args.json, "w") as f:

@@ -59,3 +59,45 @@ def test_compare_fails_on_a_wrong_module(small_model, capsys, monkeypatch):
     status = main(["compare", path, "--inputs", "2", "--rounds", "10", "-q"])
     assert status == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+def test_per_layer_report_matches_every_onnxruntime_node(small_model, capsys):
+    path, d = small_model
+    out_json = str(d / "layers.json")
+    status = main(["compare", path, "--inputs", "1", "--rounds", "10", "--per-layer", "--json", out_json, "-q"])
+    text = capsys.readouterr().out
+    assert status == 0, text
+    rep = json.load(open(out_json))["per_layer"]
+    assert rep["module"] == "modelc (untuned)" and "per layer" in text
+    by_desc = {r["desc"].split()[0]: r for r in rep["rows"]}
+    assert "Conv" in by_desc["conv2d_relu"]["onnxruntime"]          # onnxruntime fuses the Relu into it
+    assert any("GlobalAveragePool" in r["onnxruntime"] for r in rep["rows"])
+    assert any("MatMul" in r["onnxruntime"] or "Gemm" in r["onnxruntime"] for r in rep["rows"])
+    assert rep["unmatched"] == []
+    assert abs(sum(r["onnxruntime_ms"] for r in rep["rows"]) - rep["onnxruntime_nodes_ms"]) < 1e-9
+    kernels = [r for r in rep["rows"] if r["template"] != "(view)"]
+    assert kernels and all(r["modelc_ms"] > 0 for r in kernels)
+
+
+def test_onnxruntime_nodes_of_its_own_go_to_the_group_beside_them():
+    from modelc.layers import match
+    groups = [{"conv1", "c1_out"}, {"conv2", "c2_out"}]
+    nodes = [{"name": "reorder_in", "op": "ReorderInput", "inputs": ["x"], "outputs": ["t0"]},
+             {"name": "c1_out_nchwc", "op": "Conv", "inputs": ["t0"], "outputs": ["t1"]},      # named after an output
+             {"name": "conv2", "op": "Conv", "inputs": ["t1"], "outputs": ["t2"]},             # kept its name
+             {"name": "reorder_out", "op": "ReorderOutput", "inputs": ["t2"], "outputs": ["c2_out"]},
+             {"name": "stray", "op": "Identity", "inputs": ["elsewhere"], "outputs": ["nowhere"]}]
+    assert match(nodes, groups) == [0, 0, 1, 1, None]
+
+
+def test_compare_against_openvino(small_model, capsys):
+    pytest.importorskip("openvino")
+    path, d = small_model
+    out_json = str(d / "ov.json")
+    status = main(["compare", path, "--inputs", "2", "--rounds", "10", "--against", "openvino",
+                   "--json", out_json, "-q"])
+    text = capsys.readouterr().out
+    assert status == 0, text
+    rows = {r["runtime"]: r for r in json.load(open(out_json))["rows"]}
+    assert rows["openvino"]["max_rel_err"] <= 1e-4 and rows["openvino"]["top1_agree"] == 2
+    assert "fastest peer" in text

@@ -169,6 +169,7 @@ class Module:
             for n, t in tensors.items() if t["const"] and n in direct}
         self._bound = []
         self.step_names = []
+        self._step_index = [i for i, v in enumerate(views) if not v]     # the program step of each kernel
         for s, k in built:
             fn = k.python if k.source is None else next(fns)
             consts = {i: constants[n] for i, n in enumerate(s["inputs"]) if tensors[n]["const"]}
@@ -271,8 +272,12 @@ class Module:
                 "min_ms": min(times), "max_ms": max(times),
                 "std_ms": statistics.pstdev(times), "number": number, "repeat": repeat}
 
-    def profile(self, repeat: int = 10) -> list:
-        """Median milliseconds of each kernel, in run order: where the time goes."""
+    def profile(self, repeat: int = 10, feeds: dict | None = None) -> list:
+        """Each kernel's median milliseconds, timed alone, in run order: where the time goes.
+        One dict per kernel: its program step's index, pattern, description, template and `ms`
+        (steps that are views of another tensor run no kernel and are not listed)."""
+        if feeds is not None:
+            self.run(feeds)             # the buffers hold this input's values while kernels are timed
         ctx = self._acquire()
         try:
             times = [[] for _ in ctx.calls]
@@ -284,7 +289,10 @@ class Module:
                     times[k].append((time.perf_counter() - t0) * 1e3)
         finally:
             self._release(ctx)
-        return [(name, statistics.median(ts)) for name, ts in zip(self.step_names, times)]
+        steps = self.program["steps"]
+        return [{"step": i, "pattern": steps[i]["pattern"], "desc": steps[i].get("desc", ""),
+                 "template": steps[i]["template"], "ms": statistics.median(ts)}
+                for i, ts in zip(self._step_index, times)]
 
     def memory_report(self) -> dict:
         return {"planned_bytes": self.plan.planned_bytes, "one_buffer_per_tensor_bytes": self.plan.naive_bytes,
