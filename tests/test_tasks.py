@@ -33,6 +33,17 @@ def test_resnet18_weights_and_flops(r18):
     assert all(t.tunable for t in convs)
 
 
+def test_a_residual_after_a_downsample_is_indexed_like_the_output(r18):
+    """The first block of a stage adds a downsample conv's output, the second the first block's:
+    both residuals get the halo of the group's output, so the two conv + add + relu are one task."""
+    by_desc: dict = {}
+    for t in tasks_from_graph(r18[1]):
+        by_desc.setdefault(t.desc, []).append(t)
+    for stage in ("1x128x28x28 k128", "1x256x14x14 k256"):
+        (t,) = by_desc[f"conv2d_bias_add_relu {stage} 3x3 s1 p1"]
+        assert t.weight == 2
+
+
 def test_extract_tasks_is_deterministic_across_processes():
     code = ("import json, models; from modelc.extract import extract_tasks; "
             "print(json.dumps([(t.key, t.weight) for t in "

@@ -117,6 +117,20 @@ def plan_layouts(graph: Graph) -> Graph:
             x = _data_input(n)
             if x in halo:
                 halo[x] = max(halo[x], _conv_pad(n))
+    # a tensor no convolution reads as data, but a blocked group reads as a second operand (a
+    # residual Add after a downsample conv), takes the halo of that group's output: both are then
+    # indexed alike, and the group's workload is the same as where the residual comes from a
+    # block's output (ResNet's "conv + add + relu" is one task per stage, not two)
+    data_read = {_data_input(n) for n in nodes if n.name in native and _anchor(n).op_type == "Conv"}
+    for _ in range(len(nodes)):
+        changed = False
+        for n in nodes:
+            out = n.outputs[0] if n.name in native and n.outputs else None
+            for t in (n.inputs if out in halo else ()):
+                if t in halo and t not in data_read and t != _data_input(n) and halo[t] < halo[out]:
+                    halo[t], changed = halo[out], True
+        if not changed:
+            break
     for t in blocked:
         graph.tensors[t].layout = (choose_block(graph.tensors[t].shape[1]), halo[t])
     # 3. plain tensors feeding blocked kernels get one transform each (shared by their readers)
