@@ -87,15 +87,27 @@ def test_round_robin_skips_dead_tasks():
 
 def test_budget_is_exact_and_last_round_is_short():
     curves = [curve(1 * MS, 5 * MS), curve(2 * MS, 5 * MS)]
-    sched, runner = run(tasks_of(2), curves, 45, tpr=8)
+    sched, runner = run(tasks_of(2), curves, 45, tpr=8, warmup_share=1.0)      # warm-up rounds of 8 too
     assert sched.total_trials == 45 and sum(n for _, n in runner.calls) == 45
     assert runner.calls[-1][1] == 45 % 8
     assert len(sched.round_log) == len(runner.calls)
 
 
 def test_trials_per_round_capped_so_warmup_reaches_every_task():
-    sched, runner = run(tasks_of(5), [curve(1 * MS, 1 * MS)] * 5, 50, tpr=64)
+    sched, runner = run(tasks_of(5), [curve(1 * MS, 1 * MS)] * 5, 50, tpr=64, strategy="round-robin")
     assert sched.trials_per_round == 10 and sched.task_trials == [10] * 5
+
+
+@pytest.mark.parametrize("n_trials,tasks,warmup", [(300, 32, 2), (1000, 32, 7), (50, 5, 2), (20, 30, 1)])
+def test_gradient_warmup_spends_a_quarter_of_the_budget_at_most(n_trials, tasks, warmup):
+    """ResNet-18's 32 tasks once took 288 of 300 trials in a warm-up of full rounds."""
+    sched, runner = run(tasks_of(tasks), [curve(1 * MS, 1 * MS)] * tasks, n_trials, tpr=16)
+    assert sched.warmup_trials == warmup
+    first = [n for _, n in runner.calls[:min(tasks, len(runner.calls))]]
+    assert all(n == warmup for n in first[:n_trials // warmup])
+    assert sched.total_trials == n_trials
+    if n_trials >= tasks:
+        assert all(t >= 1 for t in sched.task_trials)        # every task has a latency
 
 
 def test_early_stopping_kills_a_flat_task():
@@ -239,7 +251,7 @@ def test_callbacks_and_round_log():
     calls = []
     tasks = [fake_task("conv2d_bias_relu 1x3x224x224 k64 7x7 s2 p3", weight=1, flops=2.36e8)] + tasks_of(2)
     cb = PrintTableCallback(every=2, file=out)
-    sched, runner = run(tasks, [curve(1 * MS, 1 * MS)] * 3, 40,
+    sched, runner = run(tasks, [curve(1 * MS, 1 * MS)] * 3, 40, warmup_share=1.0,
                         callbacks=[cb, lambda s: calls.append(s.total_trials)])
     assert calls == [8, 16, 24, 32, 40]
     log = sched.round_log
