@@ -1,0 +1,156 @@
+"""Issue 14's goal table, from scratch, on the CPU it runs on.
+
+    python benchmarks/goal.py [resnet18 mobilenet_v2 transformer ...] [--trials 300 1000] [--out DIR]
+
+For each model (a built-in example name or an .onnx file): tune with the first budget, then resume
+the same log to each larger one (as a user who tunes 300 trials and then more would), timing the
+tuning rate; compile the untuned module and one tuned module per budget (the log's first N
+records); then, in one process, time onnxruntime, OpenVINO (when the `openvino` extra is
+installed), and every module in alternating blocks, check each against onnxruntime, and print:
+
+- untuned / onnxruntime (goal <= 1.2; <= 1.3 for the larger torchvision models),
+- tuned / min(onnxruntime, OpenVINO) per budget (goal <= 0.8; <= 0.9),
+- the share of the largest budget's gain that the smallest reached (goal >= 80%),
+- trials per minute (goal >= 120 on 2 cores),
+- the module's latency against the sum of its kernels each timed alone (goal within 5%).
+
+Logs stay in --out, so a second run resumes and only re-times. The machine is shared: read ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import modelc  # noqa: E402
+from modelc import peers  # noqa: E402
+from modelc.compare import TOLERANCE, alternating_timings  # noqa: E402
+from modelc.resolve import resolve_model  # noqa: E402
+from modelc.target import current as current_target  # noqa: E402
+from modelc.tune import records as R  # noqa: E402
+from modelc.tune.tuning import tuning_tasks  # noqa: E402
+
+GOALS = {"untuned": 1.2, "tuned": 0.8}
+LARGER = {"resnet50", "efficientnet_b0", "squeezenet1_1"}     # goals 1.3 and 0.9
+
+
+def tune_to(graph, log: str, budgets: list) -> list:
+    """Tune to each budget in turn; returns (budget, trials measured, seconds) per budget."""
+    out = []
+    keys = {t.key for t in tuning_tasks(graph)}
+    for n in budgets:
+        before = sum(r.key in keys for r in R.load_records(log, warn=False)) if os.path.exists(log) else 0
+        t0 = time.perf_counter()
+        modelc.tune(graph, n_trials=n, log=log, verbose=0)
+        secs = time.perf_counter() - t0
+        after = sum(r.key in keys for r in R.load_records(log, warn=False))
+        out.append((n, after - before, secs))
+    return out
+
+
+def tuned_module(graph, log: str, n: int):
+    """The module a log's first `n` records of this model give (the state after an n-trial run)."""
+    keys = {t.key for t in tuning_tasks(graph)}
+    target = R.current_target()
+    recs = [r for r in R.load_records(log, warn=False) if r.key in keys and R.same_target(r.target, target)]
+    with R.ApplyHistoryBest(recs[:n]):
+        return modelc.compile(graph)
+
+
+def rel_err(got: list, want: list) -> float:
+    return max(float(np.abs(g.astype(np.float64) - w).max() / max(float(np.abs(w).max()), 1e-30))
+               for g, w in zip(got, want))
+
+
+def bench(model: str, budgets: list, out: str, threads: int, rounds: int) -> dict:
+    path = resolve_model(model)
+    graph = modelc.from_onnx(path, default_batch=1)
+    name = os.path.splitext(os.path.basename(model))[0]
+    log = os.path.join(out, f"{name}.jsonl")
+    rates = tune_to(graph, log, budgets)
+    mods = {"untuned": modelc.compile(graph)}
+    for n in budgets:
+        mods[f"tuned {n}"] = tuned_module(graph, log, n)
+    specs = mods["untuned"].input_specs
+    shapes = {s["name"]: s["shape"] for s in specs}
+    rng = np.random.default_rng(0)
+    feeds = {s["name"]: rng.standard_normal(s["shape"]).astype(s["dtype"]) for s in specs}
+    out_names = [o["name"] for o in mods["untuned"].output_specs]
+    runs = {"onnxruntime": peers.runner("onnxruntime", path, threads, shapes)}
+    try:
+        runs["openvino"] = peers.runner("openvino", path, threads, shapes)
+    except modelc.ModelcError:
+        pass
+    for k, m in mods.items():
+        runs[k] = (lambda m: (lambda f: [m.run(f)[n] for n in out_names]))(m)
+    want = runs["onnxruntime"](feeds)
+    errs = {k: rel_err(r(feeds), want) for k, r in runs.items() if k != "onnxruntime"}
+    times = alternating_timings({k: (lambda r: (lambda: r(feeds)))(r) for k, r in runs.items()}, rounds)
+    ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    big = mods[f"tuned {budgets[-1]}"]
+    kernels = sum(p["ms"] for p in big.profile(repeat=20, feeds=feeds))
+    return {"model": name, "ms": ms, "errs": errs, "rates": rates, "kernels_ms": kernels, "budgets": budgets}
+
+
+def report(r: dict) -> list:
+    ms, b = r["ms"], r["budgets"]
+    peer = min(v for k, v in ms.items() if k in peers.PEERS)
+    larger = r["model"] in LARGER
+    g_untuned, g_tuned = GOALS["untuned"] + 0.1 * larger, GOALS["tuned"] + 0.1 * larger
+    def verdict(x, goal):
+        return f"{x:.2f} ({'ok' if x <= goal else 'miss'})"
+    cells = [r["model"], f"{ms['onnxruntime']:.2f}",
+             f"{ms['openvino'] / ms['onnxruntime']:.2f}" if "openvino" in ms else "-",
+             verdict(ms["untuned"] / ms["onnxruntime"], g_untuned)]
+    cells += [verdict(ms[f"tuned {n}"] / peer, g_tuned) for n in b]
+    gain = ms["untuned"] - ms[f"tuned {b[-1]}"]
+    share = (ms["untuned"] - ms[f"tuned {b[0]}"]) / gain if gain > 0 else float("nan")
+    trials = sum(t for _, t, _ in r["rates"])
+    secs = sum(s for _, _, s in r["rates"])
+    cells.append(f"{100 * share:.0f}%" if len(b) > 1 else "-")
+    cells.append(f"{60 * trials / secs:.0f}" if trials else "-")
+    cells.append(f"{ms[f'tuned {b[-1]}'] / r['kernels_ms']:.2f}")
+    cells.append(f"{max(r['errs'][k] for k in r['errs'] if k != 'openvino'):.1e}")
+    return cells
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("models", nargs="*", default=["resnet18", "mobilenet_v2", "transformer"])
+    p.add_argument("--trials", type=int, nargs="+", default=[300, 1000], help="budgets, smallest first")
+    p.add_argument("--out", default="bench_goal", help="folder of the tuning logs (resumed)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=200, help="timed calls per runtime")
+    args = p.parse_args(argv)
+    import numba
+    numba.set_num_threads(args.threads)
+    os.makedirs(args.out, exist_ok=True)
+    budgets = sorted(args.trials)
+    t = current_target()
+    print(f"CPU: {t.describe()}; {args.threads} threads; medians of alternating blocks, latency / reference")
+    head = ["model", "onnxruntime ms", "openvino/ort", "untuned/ort"] + \
+        [f"tuned {n}/best peer" for n in budgets] + \
+        [f"{budgets[0]}-trial share of gain", "trials/min", "module/kernels", "max rel err"]
+    rows = []
+    for m in args.models:
+        rows.append(report(bench(m, budgets, args.out, args.threads, args.rounds)))
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
+    print()
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for c in rows:
+        print("| " + " | ".join(c) + " |")
+    print(f"goals: untuned/ort <= {GOALS['untuned']} ({GOALS['untuned'] + 0.1:.1f} for {', '.join(sorted(LARGER))}), "
+          f"tuned/best peer <= {GOALS['tuned']} ({GOALS['tuned'] + 0.1:.1f}) at {budgets[-1]} trials, "
+          f">= 80% of the gain at {budgets[0]}, >= 120 trials/min, module/kernels <= 1.05; "
+          f"errors relative to the output scale, tolerance {TOLERANCE:g}")
+
+
+if __name__ == "__main__":
+    main()
