@@ -13,14 +13,19 @@ from pathlib import Path
 import onnx
 
 from ._stats import count_macs, count_params
+from .efficientnet import efficientnet_b0
 from .mobilenet import mobilenet_v2
-from .resnet import resnet18, resnet34
+from .resnet import resnet18, resnet34, resnet50
+from .squeezenet import squeezenet1_1
 from .transformer import transformer
 
 MODELS = {
     "resnet18": resnet18,
     "resnet34": resnet34,
+    "resnet50": resnet50,
     "mobilenet_v2": mobilenet_v2,
+    "squeezenet1_1": squeezenet1_1,
+    "efficientnet_b0": efficientnet_b0,
     "transformer": transformer,
 }
 

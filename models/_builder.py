@@ -1,11 +1,13 @@
 """GraphBuilder: the shared machinery of the example-model builders.
 
 A builder adds nodes and seeded initializers with unique, exporter-like names, knows the common
-layers (conv + BatchNorm, ReLU6 as Clip, the classifier head, linear, LayerNorm, Erf-GELU) and
-finally calibrates the network: random weights alone give activations that explode or vanish and a
-classifier whose top-1 never changes, so every BatchNorm gets the actual statistics of its input on
-a seeded random batch (one onnxruntime run of a graph where each BatchNorm normalises with batch
-statistics) and the classifier is centred and scaled on the same batch.
+layers (conv + BatchNorm, ReLU6 as Clip, SiLU as Sigmoid + Mul, the classifier heads, linear,
+LayerNorm, Erf-GELU) and finally calibrates the network: random weights alone give activations that
+explode or vanish and a classifier whose top-1 never changes, so every BatchNorm gets the actual
+statistics of its input on a seeded random batch (one onnxruntime run of a graph where each
+BatchNorm normalises with batch statistics) and the classifier is centred and scaled on the same
+batch. A network without BatchNorm (SqueezeNet) is built with one after each conv, calibrated, and
+then has them folded into the convs' weights and biases (`fold_batchnorms`).
 """
 from __future__ import annotations
 
@@ -77,18 +79,20 @@ class GraphBuilder:
         return (self.rng.standard_normal(shape) * std).astype(np.float32)
 
     # ---- layers ----------------------------------------------------------------------------
-    def conv(self, x, cin, cout, k, hint, stride=1, groups=1, bias=False) -> str:
-        """Conv with 'same'-style padding k//2 and He-initialised weights (std sqrt(2/fan_in))."""
+    def conv(self, x, cin, cout, k, hint, stride=1, groups=1, bias=False, pad=None) -> str:
+        """Conv with He-initialised weights (std sqrt(2/fan_in)) and padding `pad`, by default the
+        'same'-style k//2."""
         fan_in = cin // groups * k * k
         w = self.const(self.normal((cout, cin // groups, k, k), np.sqrt(2.0 / fan_in)), f"{hint}.weight")
         ins = [x, w] + ([self.const(np.zeros(cout, np.float32), f"{hint}.bias")] if bias else [])
-        p = k // 2
+        p = k // 2 if pad is None else pad
         return self.op("Conv", ins, hint, dilations=[1, 1], group=groups, kernel_shape=[k, k],
                        pads=[p, p, p, p], strides=[stride, stride])
 
-    def batchnorm(self, x, c, hint) -> str:
-        """BatchNorm with gamma ~ 1, small beta; mean/var are placeholders until `calibrate`."""
-        names = [self.const(1.0 + self.normal(c, 0.1), f"{hint}.weight"),
+    def batchnorm(self, x, c, hint, gamma=1.0) -> str:
+        """BatchNorm with scale ~ `gamma` (+-10%), small beta; mean/var are placeholders until
+        `calibrate`."""
+        names = [self.const(gamma * (1.0 + self.normal(c, 0.1)), f"{hint}.weight"),
                  self.const(self.normal(c, 0.1), f"{hint}.bias"),
                  self.const(np.zeros(c, np.float32), f"{hint}.running_mean"),
                  self.const(np.ones(c, np.float32), f"{hint}.running_var")]
@@ -104,17 +108,25 @@ class GraphBuilder:
         """ReLU6 in its opset >= 11 form: Clip with min/max as constant inputs."""
         return self.op("Clip", [x, self.shared(0.0), self.shared(6.0)], hint)
 
-    def conv_bn(self, x, cin, cout, k, hint, stride=1, groups=1, act=None, bn_hint=None) -> str:
-        """Conv (no bias) + BatchNorm + optional activation ("relu" or "relu6")."""
-        y = self.conv(x, cin, cout, k, hint, stride=stride, groups=groups)
-        y = self.batchnorm(y, cout, bn_hint or f"{hint}_bn")
-        if act == "relu":
-            y = self.relu(y, hint)
-        elif act == "relu6":
-            y = self.relu6(y, hint)
-        elif act is not None:
+    def silu(self, x, hint) -> str:
+        """SiLU as exporters decompose it: x * Sigmoid(x)."""
+        return self.op("Mul", [x, self.op("Sigmoid", [x], hint)], hint)
+
+    def activation(self, x, act, hint) -> str:
+        """`act` ("relu", "relu6", "silu" or None) applied to `x`."""
+        if act is None:
+            return x
+        if act not in ("relu", "relu6", "silu"):
             raise ValueError(f"unknown activation {act!r}")
-        return y
+        return getattr(self, act)(x, hint)
+
+    def conv_bn(self, x, cin, cout, k, hint, stride=1, groups=1, act=None, bn_hint=None, pad=None,
+                gamma=1.0) -> str:
+        """Conv (no bias) + BatchNorm (scale ~ `gamma`) + optional activation ("relu", "relu6" or
+        "silu")."""
+        y = self.conv(x, cin, cout, k, hint, stride=stride, groups=groups, pad=pad)
+        y = self.batchnorm(y, cout, bn_hint or f"{hint}_bn", gamma=gamma)
+        return self.activation(y, act, hint)
 
     def classifier_head(self, x, cin, classes, hint="fc", out="output") -> str:
         """GlobalAveragePool + Flatten + Gemm(transB=1); centred and scaled by `calibrate`."""
@@ -122,8 +134,17 @@ class GraphBuilder:
         feats = self.op("Flatten", [y], "flatten", axis=1)
         w = self.const(self.normal((classes, cin), 1.0 / np.sqrt(cin)), f"{hint}.weight")
         b = self.const(np.zeros(classes, np.float32), f"{hint}.bias")
-        self.classifier = {"features": feats, "weight": w, "bias": b}
+        self.classifier = {"kind": "gemm", "features": feats, "weight": w, "bias": b}
         return self.op("Gemm", [feats, w, b], hint, out=out, alpha=1.0, beta=1.0, transB=1)
+
+    def conv_classifier_head(self, x, cin, classes, hint, pool_hint="avgpool", out="output") -> str:
+        """SqueezeNet's head: Conv 1x1 (bias) + ReLU + GlobalAveragePool + Flatten; `calibrate`
+        normalises each class's pre-activation and scales the pooled logits to unit spread."""
+        y = self.conv(x, cin, classes, 1, hint, bias=True)
+        w, b = self.nodes[-1].input[1:]
+        y = self.op("GlobalAveragePool", [self.relu(y, hint)], pool_hint)
+        self.classifier = {"kind": "conv_relu_pool", "features": x, "weight": w, "bias": b}
+        return self.op("Flatten", [y], "flatten", out=out, axis=1)
 
     def linear(self, x, din, dout, hint, std=None, out=None) -> str:
         """MatMul + Add (bias), the form exporters emit for nn.Linear on 3-D inputs."""
@@ -155,13 +176,54 @@ class GraphBuilder:
             self.inits[bn["mean"]] = results[m].reshape(-1).astype(np.float32)
             self.inits[bn["var"]] = results[v].reshape(-1).astype(np.float32)
         if self.classifier is not None:
-            feats = results[self.classifier["features"]].astype(np.float64)
-            w = self.inits[self.classifier["weight"]].astype(np.float64)
+            self._calibrate_classifier(results[self.classifier["features"]].astype(np.float64))
+
+    def _calibrate_classifier(self, feats: np.ndarray) -> None:
+        head = self.classifier
+        w = self.inits[head["weight"]].astype(np.float64)
+        if head["kind"] == "gemm":
             mu = feats.mean(axis=0)
             logits = (feats - mu) @ w.T
             s = logits.std() or 1.0
-            self.inits[self.classifier["weight"]] = (w / s).astype(np.float32)
-            self.inits[self.classifier["bias"]] = (-(w @ mu) / s).astype(np.float32)
+            self.inits[head["weight"]] = (w / s).astype(np.float32)
+            self.inits[head["bias"]] = (-(w @ mu) / s).astype(np.float32)
+            return
+        # conv 1x1 + ReLU + average pool: ReLU(a (z - mu) / sigma) per class is positively
+        # homogeneous in a, so the pooled logits of a = 1 give the a that makes their spread one
+        z = np.einsum("nchw,kc->nkhw", feats, w[:, :, 0, 0])
+        mu, sigma = z.mean(axis=(0, 2, 3)), z.std(axis=(0, 2, 3))
+        sigma[sigma == 0] = 1.0
+        pooled = np.maximum((z - mu[:, None, None]) / sigma[:, None, None], 0).mean(axis=(2, 3))
+        a = 1.0 / (pooled.std() or 1.0)
+        self.inits[head["weight"]] = (w * (a / sigma)[:, None, None, None]).astype(np.float32)
+        self.inits[head["bias"]] = (-a * mu / sigma).astype(np.float32)
+
+    def fold_batchnorms(self) -> None:
+        """Fold every (calibrated) BatchNorm into the bias-free Conv that feeds it and drop it: a
+        network without BatchNorm gets the scales of one whose every conv output is normalised."""
+        producers = {n.output[0]: n for n in self.nodes}
+        renamed, dropped = {}, set()
+        for bn in self.bns:
+            node = bn["node"]
+            conv = producers[node.input[0]]
+            if conv.op_type != "Conv" or len(conv.input) != 2:
+                raise ValueError(f"{node.name}: only a BatchNorm after a bias-free Conv can be folded")
+            scale, var = (self.inits[bn[key]].astype(np.float64) for key in ("scale", "var"))
+            k = scale / np.sqrt(var + BN_EPS)
+            w = conv.input[1]
+            self.inits[w] = (self.inits[w] * k[:, None, None, None]).astype(np.float32)
+            bias = self.inits[bn["bias"]] - self.inits[bn["mean"]] * k
+            conv.input.append(self.const(bias.astype(np.float32), w.removesuffix(".weight") + ".bias"))
+            for key in ("scale", "bias", "mean", "var"):
+                del self.inits[bn[key]]
+            renamed[node.output[0]] = conv.output[0]
+            dropped.add(id(node))
+        self.nodes = [n for n in self.nodes if id(n) not in dropped]
+        for n in self.nodes:
+            for i, name in enumerate(n.input):
+                if name in renamed:
+                    n.input[i] = renamed[name]
+        self.bns = []
 
     def _calibration_model(self):
         """A copy of the graph where each BatchNorm normalises with the batch statistics of its
