@@ -62,7 +62,7 @@ def target_tag() -> str:
             with open(os.path.join(os.path.dirname(__file__), name), "rb") as f:
                 helpers.update(f.read())
         _TAG = (f"numba {numba.__version__} py{sys.version_info[0]}{sys.version_info[1]} {cpu} {features} "
-                f"helpers {helpers.hexdigest()[:16]}")
+                f"slp {int(numba.config.SLP_VECTORIZE)} helpers {helpers.hexdigest()[:16]}")
     return _TAG
 
 

@@ -124,11 +124,15 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
     if op in unary:
         return unary[op]()
     if op == "Clip":
+        # floats through llvm.maximum/minimum (NaN in, NaN out, as numba's max() and onnxruntime):
+        # numba's min(max()) is a pair of selects that the SLP vectoriser leaves scalar in a
+        # conv's epilogue (MobileNetV2's ReLU6 layers)
+        mx, mn = ("fmaximum", "fminimum") if dt.kind == "f" else ("max", "min")
         out = a
         if len(args) > 1 and args[1]:
-            out = f"max({out}, {args[1]})"
+            out = f"{mx}({out}, {args[1]})"
         if len(args) > 2 and args[2]:
-            out = f"min({out}, {args[2]})"
+            out = f"{mn}({out}, {args[2]})"
         return out
     if op in ("Cast", "CastLike"):
         return f"{ctor(dt)}({a})"

@@ -62,11 +62,12 @@ def float_bits(typingctx, x):
     return sig, codegen
 
 
-def _minmax(name: str):
+def _minmax(name: str, nan: bool = False):
     @intrinsic
     def fn(typingctx, a, b):
         """llvm.maxnum/minnum with fast-math flags: unlike numba's max(), LLVM vectorises it as a
-        reduction (numba's select-based max() stays scalar in reduction loops)."""
+        reduction (numba's select-based max() stays scalar in reduction loops). With `nan`,
+        llvm.maximum/minimum, which return NaN for a NaN operand as onnxruntime's Clip does."""
         if not (isinstance(a, types.Float) and a == b):
             return None
 
@@ -76,7 +77,8 @@ def _minmax(name: str):
             f = cgutils.get_or_insert_function(builder.module, llir.FunctionType(lt, [lt, lt]),
                                                f"llvm.{name}.{suffix}")
             # `nnan` lets LLVM vectorise the reduction; never `ninf`: masked rows hold -inf
-            return builder.call(f, args, fastmath=("nnan", "nsz", "arcp", "contract", "afn", "reassoc"))
+            flags = ("nsz", "arcp", "contract", "afn", "reassoc")
+            return builder.call(f, args, fastmath=flags if nan else ("nnan",) + flags)
 
         return a(a, b), codegen
     return fn
@@ -84,6 +86,9 @@ def _minmax(name: str):
 
 fmax = _minmax("maxnum")
 fmin = _minmax("minnum")
+# NaN-propagating: elementwise Clip in an epilogue, where numba's min(max()) stays scalar
+fmaximum = _minmax("maximum", nan=True)
+fminimum = _minmax("minimum", nan=True)
 
 
 # ---- exp as a polynomial (float32) ----------------------------------------------------------------
@@ -207,7 +212,7 @@ FLOAT_BITS = [imports("float_bits")]
 # helper name -> the lines defining it in a kernel module that calls it
 HELPERS = {"fast_erf": FAST_ERF, "fast_sigmoid32": FAST_SIGMOID, "pow_exact": POW_EXACT,
            "mod_exact": MOD_EXACT, "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "div_int": DIV_INT,
-           "float_bits": FLOAT_BITS}
+           "float_bits": FLOAT_BITS, "fmaximum": [imports("fmaximum")], "fminimum": [imports("fminimum")]}
 
 
 def helpers(body: list, defined: list = ()) -> list:
@@ -215,6 +220,12 @@ def helpers(body: list, defined: list = ()) -> list:
     `defined` (a template's own extra lines) already define."""
     out = []
     for name, lines in HELPERS.items():
-        if any(f"{name}(" in ln for ln in body) and not any(f"def {name}(" in ln for ln in defined):
+        if any(f"{name}(" in ln for ln in body) and not any(_defines(ln, name) for ln in defined):
             out += lines
     return out
+
+
+def _defines(line: str, name: str) -> bool:
+    """Whether a kernel module's line defines `name` or imports it from this module."""
+    head = f"from {MODULE} import "
+    return f"def {name}(" in line or (line.startswith(head) and name in line[len(head):].replace(" ", "").split(","))
