@@ -5,7 +5,8 @@ module each layer's weights were pushed out by every other layer since the last 
 2-core EPYC the isolated timings of ResNet-18's and MobileNetV2's kernels summed to 1.3 ms less
 than the module took, and configs that won by a few percent when warm made the tuned modules
 0.97x of the untuned ones. So the runner flushes a kernel's constant arrays (packed weights,
-bias) before each timed call; activations stay as the previous kernel left them.
+bias), its output buffer and any second activation before each timed call; only the activation
+the previous kernel has just written stays warm (worker.cold_arrays).
 """
 from __future__ import annotations
 
