@@ -23,3 +23,15 @@ def test_time_kernel_with_flush_times_each_call_after_evicting_the_weights():
     costs = timing.time_kernel(fn, [out, x, w], number=3, repeat=4, flush=[w])
     assert len(costs) == 4 and all(c > 0 for c in costs)
     np.testing.assert_array_equal(out, 2 * x)
+
+
+def test_a_module_finds_all_but_the_anchors_first_input_cold():
+    """What the runner evicts before each timed call: weights, bias, the output buffer and the
+    residual; the input the previous kernel has just written stays warm."""
+    from modelc.tune.worker import cold_arrays
+    from workloads import conv2d_wl
+    wl = conv2d_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0, residual=True)
+    names = ["out0", "in0", "w", "bias", "in3"]
+    arrays = [np.zeros(1) + k for k in range(len(names))]
+    cold = cold_arrays(wl, names, arrays)
+    assert [int(a[0]) for a in cold] == [0, 2, 3, 4]
