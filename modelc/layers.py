@@ -16,7 +16,7 @@ import os
 import statistics
 import tempfile
 
-SUFFIXES = ("_nchwc", "_kernel_time")
+NCHWC = "_nchwc"        # onnxruntime's x86 name for a node it moved to the blocked layout
 
 
 def group_names(graph, fused) -> list[set]:
@@ -34,10 +34,7 @@ def group_names(graph, fused) -> list[set]:
 
 
 def _strip(name: str) -> str:
-    for s in SUFFIXES:
-        if name.endswith(s):
-            name = name[: -len(s)]
-    return name
+    return name[: -len(NCHWC)] if name.endswith(NCHWC) else name
 
 
 def onnxruntime_nodes(path: str, feeds: dict, threads: int, runs: int = 20) -> list[dict]:
@@ -45,10 +42,9 @@ def onnxruntime_nodes(path: str, feeds: dict, threads: int, runs: int = 20) -> l
     import onnx
     import onnxruntime as ort
 
+    from .peers import onnxruntime_options
     with tempfile.TemporaryDirectory() as tmp:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so = onnxruntime_options(threads)
         so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(tmp, "profile")

@@ -11,12 +11,18 @@ from .errors import ModelcError
 PEERS = ("onnxruntime", "openvino")
 
 
-def onnxruntime_runner(path: str, threads: int, shapes: dict | None = None):
+def onnxruntime_options(threads: int):
+    """onnxruntime as modelc is compared with it: every graph optimisation, `threads` intra-op threads."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    return so
+
+
+def onnxruntime_runner(path: str, threads: int, shapes: dict | None = None):
+    import onnxruntime as ort
+    sess = ort.InferenceSession(path, onnxruntime_options(threads), providers=["CPUExecutionProvider"])
     return lambda feeds: sess.run(None, feeds)
 
 
