@@ -41,10 +41,9 @@ GOALS = {"untuned": 1.2, "tuned": 0.8}
 LARGER = {"resnet50", "efficientnet_b0", "squeezenet1_1"}     # goals 1.3 and 0.9
 
 
-def tune_to(graph, log: str, budgets: list) -> list:
+def tune_to(graph, log: str, budgets: list, keys: set) -> list:
     """Tune to each budget in turn; returns (budget, trials measured, seconds) per budget."""
     out = []
-    keys = {t.key for t in tuning_tasks(graph)}
     for n in budgets:
         before = sum(r.key in keys for r in R.load_records(log, warn=False)) if os.path.exists(log) else 0
         t0 = time.perf_counter()
@@ -55,9 +54,8 @@ def tune_to(graph, log: str, budgets: list) -> list:
     return out
 
 
-def tuned_module(graph, log: str, n: int):
+def tuned_module(graph, log: str, n: int, keys: set):
     """The module a log's first `n` records of this model give (the state after an n-trial run)."""
-    keys = {t.key for t in tuning_tasks(graph)}
     target = R.current_target()
     recs = [r for r in R.load_records(log, warn=False) if r.key in keys and R.same_target(r.target, target)]
     with R.ApplyHistoryBest(recs[:n]):
@@ -74,10 +72,11 @@ def bench(model: str, budgets: list, out: str, threads: int, rounds: int) -> dic
     graph = modelc.from_onnx(path, default_batch=1)
     name = os.path.splitext(os.path.basename(model))[0]
     log = os.path.join(out, f"{name}.jsonl")
-    rates = tune_to(graph, log, budgets)
+    keys = {t.key for t in tuning_tasks(graph)}          # the model's workloads: its records in the log
+    rates = tune_to(graph, log, budgets, keys)
     mods = {"untuned": modelc.compile(graph)}
     for n in budgets:
-        mods[f"tuned {n}"] = tuned_module(graph, log, n)
+        mods[f"tuned {n}"] = tuned_module(graph, log, n, keys)
     specs = mods["untuned"].input_specs
     shapes = {s["name"]: s["shape"] for s in specs}
     rng = np.random.default_rng(0)
