@@ -12,7 +12,7 @@ installed), and every module in alternating blocks, check each against onnxrunti
 - tuned / min(onnxruntime, OpenVINO) per budget (goal <= 0.8; <= 0.9),
 - the share of the largest budget's gain that the smallest reached (goal >= 80%),
 - trials per minute (goal >= 120 on 2 cores),
-- the module's latency against the sum of its kernels' latencies, each timed alone in the module
+- the module's latency against the sum of its kernels' latencies, each timed in the running module
   and as the tuning log has them (goal within 5%).
 
 Logs stay in --out, so a second run resumes and only re-times. The machine is shared: read ratios.

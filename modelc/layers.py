@@ -149,5 +149,5 @@ def format_report(rep: dict, title: str, top: int | None = None) -> str:
     total = rep["modelc_kernels_ms"] / rep["onnxruntime_nodes_ms"] if rep["onnxruntime_nodes_ms"] else float("nan")
     out.append(f"      kernels: modelc {rep['modelc_kernels_ms']:.3f} ms, "
                f"onnxruntime {rep['onnxruntime_nodes_ms']:.3f} ms (ratio {total:.2f}; "
-               "each kernel timed alone, medians)")
+               "modelc: each kernel timed in the running module; medians)")
     return "\n".join(out) + "\n"

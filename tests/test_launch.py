@@ -72,3 +72,28 @@ def test_compiled_kernels_are_cached_on_disk():
     src = source(["out0", "in0"], [np.float32] * 2, [parallel_loop("i", 4), "    out0[i] = in0[i] + np.float32(3.0)"])
     cache.load(src)
     assert cache.is_compiled(cache.source_path(src))
+
+
+def test_profiled_sequence_stamps_each_kernel_where_it_runs():
+    """The stamped sequence computes what the plain one does and charges each kernel its own
+    time: a kernel doing ~500x the work of another takes many times its ticks."""
+    from modelc.kernels import launch
+    heavy = cache.load(source(["out0", "in0"], [np.float32] * 2, [
+        parallel_loop("i", 64),
+        "    s = np.float32(0.0)",
+        "    for r in range(20000):",
+        "        s = s * np.float32(0.5) + in0[(i + r) % 64]",
+        "    out0[i] = s"]))
+    light = cache.load(source(["out0", "in0"], [np.float32] * 2, [
+        parallel_loop("i", 64), "    out0[i] = in0[i] + np.float32(1.0)"]))
+    x = np.arange(64, dtype=np.float32)
+    a, b = np.zeros(64, np.float32), np.zeros(64, np.float32)
+    seq = launch.Sequence([light.bind([a, x]), heavy.bind([b, x])], cache.sequence_runner())
+    run, counter = cache.profiled_sequence_runner()
+    ticks = [seq.stamped(run) for _ in range(5)]
+    np.testing.assert_array_equal(a, x + 1)
+    assert b.min() > 0
+    if counter() == 0:
+        pytest.skip("no cycle counter on this CPU")
+    light_t, heavy_t = np.median(ticks, axis=0)
+    assert light_t > 0 and heavy_t > 20 * light_t

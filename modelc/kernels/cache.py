@@ -149,6 +149,12 @@ def sequence_runner():
     return _module(launch.SEQUENCE_SOURCE).run_sequence
 
 
+def profiled_sequence_runner():
+    """`sequence_runner` stamping the cycle counter after each kernel, and the counter itself."""
+    mod = _module(launch.PROFILED_SEQUENCE_SOURCE)
+    return mod.run_sequence, mod.counter
+
+
 def kernel_of(mod) -> launch.CompiledKernel:
     """The launchable kernel of an imported kernel module."""
     return launch.CompiledKernel(mod.kernel, mod.N_ITEMS, mod.PARALLEL, mod.DTYPES, mod.OUTPUTS,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.core.compiler import Compiler
 from numba.extending import intrinsic
 
@@ -182,6 +183,44 @@ SEQUENCE_SOURCE = "\n".join([
     ""])
 
 
+@intrinsic
+def cycle_counter(typingctx):
+    """The CPU's time-stamp counter (`rdtsc` on x86; 0 where LLVM has no counter)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+
+    return types.int64(), codegen
+
+
+# The same loop, stamping the counter before the first kernel and after each: a module's kernels
+# timed where they run, between their real neighbours, with no Python call between them.
+PROFILED_SEQUENCE_SOURCE = "\n".join([
+    "import numba",
+    "from numba import prange",
+    "from modelc.kernels.launch import call_chunk_words, cycle_counter",
+    "",
+    "@numba.njit('void(intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], int64[::1])',",
+    "            parallel=True, cache=True, nogil=True)",
+    "def run_sequence(addrs, words, starts, nwords, items, chunks, stamps):",
+    "    stamps[0] = cycle_counter()",
+    "    for k in range(addrs.size):",
+    "        n = items[k]",
+    "        nc = chunks[k]",
+    "        if nc <= 1:",
+    "            call_chunk_words(addrs[k], words, starts[k], nwords[k], 0, n)",
+    "        else:",
+    "            for c in prange(nc):",
+    "                call_chunk_words(addrs[k], words, starts[k], nwords[k], c * n // nc, (c + 1) * n // nc)",
+    "        stamps[k + 1] = cycle_counter()",
+    "",
+    "@numba.njit('int64()', cache=True, nogil=True)",
+    "def counter():",
+    "    return cycle_counter()",
+    ""])
+
+
 class Sequence:
     """Bound kernels run one after another by one native call: a module's run then costs one
     Python call per stretch of generated kernels, not one per kernel (each of which also had to
@@ -200,3 +239,10 @@ class Sequence:
 
     def __call__(self):
         self._run(*self._args)
+
+    def stamped(self, run_profiled) -> np.ndarray:
+        """Run once through `run_profiled` (PROFILED_SEQUENCE_SOURCE); the counter's ticks each
+        kernel took, in order."""
+        stamps = np.zeros(len(self.calls) + 1, np.int64)
+        run_profiled(*self._args, stamps)
+        return np.diff(stamps)
