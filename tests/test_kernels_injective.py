@@ -66,3 +66,26 @@ def test_division_by_zero_gives_inf_as_onnx_says():
     with np.errstate(divide="ignore", invalid="ignore"):
         y = modelc.compile(m)(np.array([1, -1, 0, 2], np.float32))
     assert y[0] == np.inf and y[1] == -np.inf and np.isnan(y[2]) and y[3] == 0.5
+
+
+@pytest.mark.parametrize("shape,layout,items", [
+    ((1, 3, 40, 24), [3, 1], 40),           # an image into a 3-lane block: an item per row
+    ((2, 16, 5, 7), [8, 0], 2 * 2 * 5),     # short rows of 8-lane blocks
+    ((1, 4, 2, 2), [4, 1], 2 * 2),          # too few rows to share: an item per pixel
+])
+def test_layout_transform_items_are_rows_when_the_block_is_short(shape, layout, items):
+    from dataclasses import replace
+
+    from modelc import target
+    from modelc.kernels import cache, testing
+    from modelc.kernels.template import get
+    from modelc.kernels.workload import Workload
+    wl = Workload({"version": 1, "inputs": [{"shape": list(shape), "dtype": "float32", "const": False}],
+                   "ops": [{"op": "Identity", "attrs": {}, "args": ["i0"]}], "params": {},
+                   "outputs": [{"shape": list(shape), "dtype": "float32", "value": "v0", "layout": layout}]})
+    tpl = get("injective")
+    with target.use(replace(target.current(), threads=2)):      # the rule counts rows per thread
+        k = tpl.build(wl, tpl.space(wl).get(0))
+    assert cache.load(k.source).n_items == items
+    got, want, *_ = testing.run(wl, tpl, tpl.space(wl).get(0))
+    assert testing.max_rel_error(got, want) == 0

@@ -60,7 +60,8 @@ class Conv2d(Template):
         # tile is shifted back to end at the last block (as columns are), so narrow blocks
         # (K = 1000, 116, 40 give blocks of 8, 4, 8) still fill a vector
         blocks = g.K // g.KB
-        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 4, 8) if m <= blocks and m * g.KB <= 4 * lanes])
+        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 3, 4, 6, 8) if m <= blocks and m * g.KB <= 4 * lanes
+                                          and (m & (m - 1) == 0 or blocks % m == 0)])
         sp.define_knob("tile_oh", [r for r in (1, 2, 4) if r <= g.OH])
         sp.define_reorder("reduction_order", ["c", "kh", "kw"],
                           candidates=[["c", "kh", "kw"], ["kh", "c", "kw"]])

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from .. import target
 from .expr import SUPPORTED as ELEMENTWISE
 from .index_map import IndexMap, pad_folds
 from .layout import offset
@@ -87,7 +88,8 @@ class Injective(Template):
             dims = list(shape) or [1]
             names = [f"a{j}" for j in range(len(dims))]
             logical = names[:len(shape)]
-        outer = dims[:-1]
+        inner = _inner_dims(dims, target.current().threads)
+        outer = dims[:-inner]
         total = math.prod(outer) if outer else 1
         lines = [parallel_loop("it", total)]
         rest = "it"
@@ -98,11 +100,22 @@ class Injective(Template):
                 lines.append(f"    {names[j]} = {rest} % {outer[j]}")
                 lines.append(f"    r{j} = {rest} // {outer[j]}")
                 rest = f"r{j}"
-        if not outer:
-            pass
-        lines.append(f"    for {names[-1]} in range({dims[-1]}):")
+        ind = "    "
+        for j in range(len(dims) - inner, len(dims)):
+            lines.append(f"{ind}for {names[j]} in range({dims[j]}):")
+            ind += "    "
         stmts = []
-        v = gen.value(ref, logical if shape else [], stmts, "        ", {})
+        v = gen.value(ref, logical if shape else [], stmts, ind, {})
         lines += stmts
-        lines.append(f"        out{k}[np.uintp({offset(shape, out.layout, logical if shape else [])})] = {v}")
+        lines.append(f"{ind}out{k}[np.uintp({offset(shape, out.layout, logical if shape else [])})] = {v}")
         return lines
+
+
+def _inner_dims(dims: list, threads: int) -> int:
+    """How many trailing dims one parallel item loops over: the last, and the one before it too
+    when the last is short (a block of 3-8 lanes, a small last axis) and enough rows are left to
+    share among the threads. An item per pixel paid two divisions per 3 floats copied: the input's
+    layout transform of a 224x224 image took 0.11 ms of MobileNetV2's 3.7 (AMD EPYC Zen 4)."""
+    if len(dims) >= 2 and dims[-1] < 32 and math.prod(dims[:-2]) >= 8 * threads:
+        return 2
+    return 1
