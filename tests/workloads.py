@@ -103,6 +103,8 @@ def conv2d_wl(C, H, W, K, k, s, p, hin, hout, bias=True, residual=False, act="Re
     elif act == "Clip":
         params = {k: dict(v) for k, v in CLIP.items()}
         ops.append({"op": "Clip", "attrs": {}, "args": [f"v{len(ops) - 1}", "p0", "p1"]})
+    elif act == "Swish":
+        ops.append({"op": "Swish", "attrs": {}, "args": [f"v{len(ops) - 1}"]})
     return Workload({"version": 1, "inputs": inputs, "ops": ops, "params": params,
                      "outputs": [{"shape": [1, K, OH, OW], "dtype": "float32", "value": f"v{len(ops) - 1}",
                                   "layout": [kb, hout]}]})

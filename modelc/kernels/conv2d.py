@@ -169,7 +169,7 @@ class Conv2d(Template):
                     cblk = f"ko0 + {blk}" if blk else "ko0"
                     chan = (cblk, "jj", KB)
                     if has_bias:
-                        v = f"({v} + bias[({cblk}) * {KB} + jj])"
+                        v = f"({v} + bias[np.uintp(({cblk}) * {KB} + jj)])"
                     idx = ["n", chan, f"oh0 + {rr}", f"ow0 + {r}"]
                     lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
                                             var=f"e{rr}_{r}_")

@@ -205,7 +205,12 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
     unrolled tile from vectorising); `fast_erf` is `emit`'s option.
     """
     index = uoffset if unsigned else offset
-    lines, names = [], {start_ref: value}
+    lines = []
+    if ops and not value.isidentifier():
+        # an op may read its operand twice (Swish: x * sigmoid(x)): the value is computed once
+        lines.append(f"{var}a = {value}")
+        value = f"{var}a"
+    names = {start_ref: value}
     kinds = {start_ref: _value_dtype(wl, start_ref, dtype)}   # the anchor's type (ArgMax: int64)
     for j, op in enumerate(ops):
         exprs, consts, dts = [], {}, []
