@@ -172,7 +172,7 @@ class Conv2d(Template):
                         v = f"({v} + bias[np.uintp(({cblk}) * {KB} + jj)])"
                     idx = ["n", chan, f"oh0 + {rr}", f"ow0 + {r}"]
                     lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
-                                            var=f"e{rr}_{r}_")
+                                            var=f"e{rr}_{r}_", unsigned=True)
                     body += ["        " + ln for ln in lines]
                     body += [f"        out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
 

@@ -246,14 +246,14 @@ class Conv2dWinograd(Template):
             for j in range(a):
                 body.append(f"{p3}s{i}_{j} = {_lin(AT[i], [f'm{k}_{j}' for k in range(a)])}")
         if has_bias:
-            body.append(f"{p3}bv = bias[(ko0 + blk) * {KB} + jj]")
+            body.append(f"{p3}bv = bias[np.uintp((ko0 + blk) * {KB} + jj)]")
         for dy in range(m):
             for dx in range(m):
                 v = _lin(AT[dx], [f's{dy}_{k}' for k in range(a)])
                 v = f"({v}) + bv" if has_bias else v
                 idx = ["n", ("ko0 + blk", "jj", KB), f"oy + {dy}", f"ox + {dx}"]
                 lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
-                                        var=f"e{dy}_{dx}_")
+                                        var=f"e{dy}_{dx}_", unsigned=True)
                 body += [p3 + ln for ln in lines]
                 body.append(f"{p3}out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
 
