@@ -18,6 +18,7 @@ import time
 from .. import logs
 from ..errors import ModelcError
 from ..extract import Task, extract_tasks, workload_flops
+from ..target import use as use_target
 from . import records as R
 from .ga_tuner import GATuner
 from .index_based_tuner import GridSearchTuner, RandomTuner
@@ -79,6 +80,11 @@ def best_of_alternatives(tasks: list):
     return objective
 
 
+def cluster_measurer(address: str, options: MeasureOptions | None, target_cpu: str | None):
+    from .cluster import ClusterMeasurer       # Ray is an optional extra
+    return ClusterMeasurer(address, options, target_cpu=target_cpu)
+
+
 class _Progress:
     """A tqdm bar over trials (the per-round table is the scheduler's callback)."""
 
@@ -103,18 +109,38 @@ class _Progress:
 def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | None = None,
          tuner: str = "xgb", strategy: str = "gradient", trials_per_round: int = 16,
          early_stopping: int | None = None, measure_options: MeasureOptions | None = None,
-         verbose: int = 1, callbacks=(), seed: int = 0, tasks: list | None = None):
+         verbose: int = 1, callbacks=(), seed: int = 0, tasks: list | None = None,
+         cluster: str | None = None, target_cpu: str | None = None):
     """Tune a model's kernels with a budget of `n_trials` measurements, appending to `log`.
 
     The budget counts the trials already in the log for these tasks, so running the same
     command again after an interruption resumes and stops at the same total.
     verbose: 0 quiet, 1 progress bar and per-round table, 2 also every measurement error.
+    cluster: None measures in local worker processes; "auto" or "HOST:PORT" on the nodes of a Ray
+    cluster whose CPU is `target_cpu` (default: the driver's), and the records are for that CPU.
     Returns the scheduler (best latencies, trials per task, the round log).
     """
     if tuner not in TUNERS:
         raise ModelcError(f"unknown tuner {tuner!r}; choose from {sorted(TUNERS)}")
+    args = (model, n_trials, log, shape, tuner, strategy, trials_per_round, early_stopping, measure_options,
+            verbose, callbacks, seed, tasks)
+    if cluster is None:
+        if target_cpu is not None:
+            raise ModelcError("tuning for another CPU than this machine's needs a cluster of it (cluster=...)")
+        return _tune(*args, None, R.current_target())
+    with logs.shown(verbose):
+        measurer = cluster_measurer(cluster, measure_options, target_cpu)
+    try:
+        # another CPU's tasks and candidates follow its vectors and caches (layouts, tiles, spaces)
+        with (use_target(measurer.host) if measurer.host is not None else contextlib.nullcontext()):
+            return _tune(*args, measurer, measurer.target)
+    finally:
+        measurer.close()
+
+
+def _tune(model, n_trials, log, shape, tuner, strategy, trials_per_round, early_stopping, measure_options,
+          verbose, callbacks, seed, tasks, measurer, target):
     tasks = tasks if tasks is not None else tuning_tasks(model, shape)
-    target = R.current_target()
     prior = [r for r in R.load_records(log) if R.same_target(r.target, target)]
     by_task = {(t.key, t.template): i for i, t in enumerate(tasks)}
     history: dict = {}
@@ -140,7 +166,7 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
         tn.load_history(warm)
 
     with logs.shown(verbose):
-        measurer = Measurer(measure_options)
+        measurer = measurer or Measurer(measure_options)
         writer = R.RecordWriter(log)
         done = sum(len(v) for v in history.values())
         progress = _Progress(n_trials, done, verbose == 0)
