@@ -127,11 +127,13 @@ def exp_lines(dst: str, src: str, dtype, var: str) -> list:
 # ---- helpers defined in the kernel module that calls them -----------------------------------------
 
 # A scalar math.exp per element kept SiLU and sigmoid kernels at ~0.5 G elements/s; this sigmoid
-# (the exp polynomial, inlined) vectorises.
+# (the exp polynomial) vectorises. Helpers are inlined by LLVM, not by numba: numba's
+# inline='always' copied and typed the body once per call (14 per row of a conv tile), and EfficientNet's
+# 1x1 conv + SiLU compiled in 2.45 s instead of 1.6, to the same instructions (AMD EPYC Zen 4).
 FAST_SIGMOID = [
     imports("f32_from_bits"),
     "",
-    f"@numba.njit(fastmath={FASTMATH}, inline='always')",
+    f"@numba.njit(fastmath={FASTMATH})",
     "def fast_sigmoid32(x):",
     "    d = min(max(-x, np.float32(-87.0)), np.float32(87.0))",
     *("    " + ln for ln in exp_polynomial("e", "d", "t", "r", "p", lambda text: f"np.float32({text})")),
@@ -143,7 +145,7 @@ FAST_SIGMOID = [
 # approximation (Eigen's / XLA's float32 erf, max abs error 3.3e-7 on [-6, 6]) vectorises.
 # np.divide keeps numba from emitting a division-by-zero check (q <= -0.0142 anyway).
 FAST_ERF = [
-    f"@numba.njit(fastmath={FASTMATH}, inline='always')",
+    f"@numba.njit(fastmath={FASTMATH})",
     "def fast_erf(x):",
     "    x = x if x < np.float32(4.0) else np.float32(4.0)",
     "    x = x if x > np.float32(-4.0) else np.float32(-4.0)",
