@@ -157,7 +157,8 @@ def cmd_tune(args):
                           build_timeout=args.build_timeout, run_timeout=args.run_timeout)
     tune(graph, n_trials=args.trials, log=args.log, tuner=args.tuner, strategy=args.strategy,
          trials_per_round=args.trials_per_round, early_stopping=args.early_stopping,
-         measure_options=opts, verbose=0 if args.quiet else (2 if args.verbose else 1), seed=args.seed)
+         measure_options=opts, verbose=0 if args.quiet else (2 if args.verbose else 1), seed=args.seed,
+         cluster=args.cluster, target_cpu=args.target)
 
 
 def cmd_records(args):
@@ -263,6 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--build-timeout", type=float, default=120.0)
     s.add_argument("--run-timeout", type=float, default=30.0)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--cluster", metavar="auto|HOST:PORT",
+                   help="measure on the nodes of a Ray cluster (pip install -e \".[ray]\"; `ray start --head`)")
+    s.add_argument("--target", metavar="CPU", help="with --cluster: the CPU model to tune for, as its nodes "
+                   "report it (default: this machine's)")
     s.add_argument("-q", "--quiet", action="store_true")
     s.add_argument("-v", "--verbose", action="store_true", help="also print every failed measurement")
     s.set_defaults(fn=cmd_tune)
