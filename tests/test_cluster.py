@@ -188,3 +188,50 @@ def test_a_node_of_another_cpu_label_or_version_is_left_out(cluster, monkeypatch
             ClusterMeasurer(cluster.address, OPTS, target_cpu="Intel(R) Xeon(R) Platinum 8480+")
     finally:
         cluster.remove_node(node)
+
+
+def test_a_node_that_joins_later_is_picked_up_between_rounds(cluster, model):
+    task = tuning.tuning_tasks(model)[0]
+    cfg = task.tpl.default_config(task.wl, task.space)
+    m = ClusterMeasurer(cluster.address, OPTS, rescan_s=0)
+    node = None
+    try:
+        assert len(m.active) == 2
+        node = cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1)
+        deadline = time.time() + 120
+        while len(m.active) < 3 and time.time() < deadline:
+            recs = m.measure(task, [cfg, cfg])
+            assert [r.error for r in recs] == [R.NO_ERROR] * 2, [r.error_msg for r in recs]
+        assert len(m.active) == 3
+        assert len(m.measure(task, [cfg] * 3)) == 3
+    finally:
+        m.close()
+        if node is not None:
+            cluster.remove_node(node)
+
+
+def test_the_command_line_prints_the_nodes_it_uses(cluster, model, tmp_path, capsys):
+    from modelc import cli
+    log = str(tmp_path / "cli.jsonl")
+    assert cli.main(["tune", model, "--trials", "2", "--trials-per-round", "2", "--log", log, "--number", "2",
+                     "--repeat", "2", "--min-repeat-ms", "1", "--cluster", cluster.address]) == 0
+    err = capsys.readouterr().err
+    assert err.count("  using     127.0.0.1 (node ") == 2, err
+    assert "threads per measurement" in err and len(R.load_records(log, warn=False)) == 2
+    assert cli.main(["tune", model, "--trials", "2", "--log", log, "--target", "Some CPU"]) == 2
+    assert "needs a cluster" in capsys.readouterr().err
+
+
+def test_disagreeing_timings_are_reported(caplog):
+    m = object.__new__(ClusterMeasurer)
+    a, b = CN.Node("a" * 56, "127.0.0.1", 1), CN.Node("b" * 56, "127.0.0.1", 1)
+    m.nodes, m.seen, m.disagreements, m.noise = {a.id: a, b.id: b}, {}, [], 1.5
+
+    class T:
+        key, template, desc = "k", "conv2d", "conv2d 1x16x28x28"
+    rec = R.Record("k", "", "conv2d", {"tile": 4}, [1e-3])
+    m._compare(T, rec, a)
+    m._compare(T, R.Record("k", "", "conv2d", {"tile": 4}, [1.2e-3]), b)      # within noise
+    assert not m.disagreements
+    m._compare(T, R.Record("k", "", "conv2d", {"tile": 4}, [3e-3]), a)
+    assert len(m.disagreements) == 1 and "timings disagree" in caplog.text and "2.50x" in caplog.text

@@ -74,7 +74,7 @@ class ClusterMeasurer:
         self.crosscheck_every, self.noise, self.wait_for_nodes_s = crosscheck_every, noise, wait_for_nodes_s
         self.nodes: dict = {}             # id -> Node, every node ever seen
         self.active: list = []            # nodes measuring now
-        self.joining: dict = {}           # describe() ref -> Node, actors starting on new nodes
+        self.joining: dict = {}           # describe() ref -> (Node, since), actors starting on new nodes
         self.rounds = 0
         self.seen: dict = {}              # (key, template, config) -> (node id, cost)
         self.disagreements: list = []
@@ -128,8 +128,7 @@ class ClusterMeasurer:
         for ref, info in infos.items():
             self._admit(refs[ref], info)
         for ref in late:
-            self._drop(refs[ref], f"its actor did not answer within {self.start_timeout:g} s (waited for "
-                                  f"{refs[ref].cpus} CPUs on the node and modelc's imports in the actor)")
+            self._drop(refs[ref], self._late(refs[ref]))
         self.host = None                  # the Target that tasks and candidates follow, if not the driver's
         if self.target_cpu is not None and self.active:
             self.host = host_target(self.active[0].info.get("host"), self.target)
@@ -137,6 +136,10 @@ class ClusterMeasurer:
             left = "; ".join(f"{n.name}: {n.lost}" for n in self.nodes.values()) or "the cluster has no alive node"
             raise ModelcError(f"no node of the Ray cluster at {self.address} can measure for {t['cpu']} "
                               f"(ISA {' '.join(t.get('isa', [])) or '?'}, {t.get('threads')} threads): {left}")
+
+    def _late(self, node) -> str:
+        return (f"its actor did not answer within {self.start_timeout:g} s (waited for {node.cpus} CPUs of the "
+                "node to be free, the actor's start and modelc's imports in it)")
 
     def _describe(self, node, ref) -> dict | None:
         try:
@@ -175,29 +178,30 @@ class ClusterMeasurer:
             node.actor = None
 
     def _rescan(self, block: bool = False):
-        """Pick up nodes that joined (actors start in the background, so a round never waits on
-        them unless no node is left: then wait up to `wait_for_nodes_s` for one)."""
-        if block or time.time() - self.last_scan >= self.rescan_s:
-            self.joining.update(self._scan(self.target["cpu"]))
-            self.last_scan = time.time()
-        deadline = time.time() + (self.wait_for_nodes_s if block else 0)
-        while self.joining:
-            ready, _ = self.ray.wait(list(self.joining), num_returns=1, timeout=max(0.0, deadline - time.time()))
-            if not ready:
-                break
-            node = self.joining.pop(ready[0])
-            info = self._describe(node, ready[0])
-            before = len(self.active)
-            self._admit(node, info)
-            if len(self.active) > before:
-                logger.info("  joined    %s", node.name)
-                if block:
-                    return
-            if not block:
-                continue
-            if time.time() >= deadline:
-                break
-            self.joining.update(self._scan(self.target["cpu"]))
+        """Pick up nodes that joined. Their actors start in the background, so a round never waits
+        on them - unless no node is left: then wait up to `wait_for_nodes_s` for one to join."""
+        deadline = time.time() + (self.wait_for_nodes_s if block else 0.0)
+        while True:
+            now = time.time()
+            if block or now - self.last_scan >= self.rescan_s:
+                self.joining.update({ref: (node, now) for ref, node in self._scan(self.target["cpu"]).items()})
+                self.last_scan = now
+            if self.joining:
+                ready, _ = self.ray.wait(list(self.joining), num_returns=len(self.joining),
+                                         timeout=min(1.0, max(0.0, deadline - now)))
+                for ref in ready:
+                    node, _ = self.joining.pop(ref)
+                    self._admit(node, self._describe(node, ref))
+                    if node in self.active:
+                        logger.info("  joined    %s", node.name)
+                for ref, (node, since) in list(self.joining.items()):
+                    if time.time() - since > self.start_timeout:
+                        del self.joining[ref]
+                        self._drop(node, self._late(node))
+            if not block or self.active or time.time() >= deadline:
+                return
+            if not self.joining:
+                time.sleep(min(1.0, max(0.0, deadline - time.time())))
 
     # ---- measuring ------------------------------------------------------------------------------
     def measure(self, task, configs: list, target: dict | None = None) -> list:
