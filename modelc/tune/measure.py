@@ -164,16 +164,23 @@ class Measurer:
         built: list = [None] * len(reqs)
         raised: list = []
 
-        def build_some(worker, idxs):
+        # each builder takes the next candidate when it is free: compiles take 0.3-3 s, and a
+        # fixed share per builder left one idle while the other finished a slow share
+        queue = iter(range(len(reqs)))
+        lock = threading.Lock()
+
+        def build_some(worker):
             try:
-                for i in idxs:
+                while True:
+                    with lock:
+                        i = next(queue, None)
+                    if i is None:
+                        return
                     built[i] = worker.call(reqs[i], self.opt.build_timeout)
             except BaseException as e:          # a worker that cannot start: the caller is told
                 raised.append(e)
 
-        n = len(self.builders)
-        threads = [threading.Thread(target=build_some, args=(self.builders[k], range(k, len(reqs), n)))
-                   for k in range(n)]
+        threads = [threading.Thread(target=build_some, args=(w,)) for w in self.builders]
         for th in threads:
             th.start()
         for th in threads:
