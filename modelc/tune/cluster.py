@@ -51,9 +51,14 @@ def connect(address: str, timeout: float = 30.0) -> bool:
             done.append(None)
         except Exception as e:
             done.append(e)
+    # in a thread, so that a GCS that accepts connections but never answers costs `timeout`, not a
+    # hang; Ray warns that a thread cannot set its SIGTERM handler, which says nothing to our user
+    quiet = _Without("SIGTERM handler is not set")
+    logging.getLogger("ray._private.worker").addFilter(quiet)
     th = threading.Thread(target=init, daemon=True)
     th.start()
     th.join(timeout)
+    logging.getLogger("ray._private.worker").removeFilter(quiet)
     if not done:
         raise ModelcError(f"could not join the Ray cluster at {addr}: its GCS accepted a connection but "
                           f"ray.init did not finish within {timeout:g} s")
@@ -320,6 +325,9 @@ class ClusterMeasurer:
                                  "active": n in self.active, "why_not": n.lost} for n in self.nodes.values()}}
 
     def close(self):
+        if getattr(self, "closed", False):
+            return
+        self.closed = True
         for node in self.nodes.values():
             if node.trials:
                 logger.info("  %s measured %d trial(s) in %.0f s", node.name, node.trials, node.busy_s)
@@ -338,6 +346,15 @@ class ClusterMeasurer:
         if self.owns_connection and self.ray.is_initialized():
             self.ray.shutdown()
             self.owns_connection = False
+
+
+class _Without(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record) -> bool:
+        return self.text not in record.getMessage()
 
 
 def _take(pending, node_id: str, n: int) -> list:
