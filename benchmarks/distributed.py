@@ -62,10 +62,14 @@ class Timed:
         self.target = getattr(measurer, "target", None)
         self.host = getattr(measurer, "host", None)
 
-    def measure(self, task, configs, target=None):
+    @property
+    def streams(self):
+        return getattr(self.m, "streams", False)
+
+    def measure(self, task, configs, target=None, **kw):
         t0 = time.time()
         try:
-            return self.m.measure(task, configs, target)
+            return self.m.measure(task, configs, target, **kw)
         finally:
             self.seconds += time.time() - t0
 

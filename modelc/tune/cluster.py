@@ -103,7 +103,7 @@ class ClusterMeasurer:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote(vars(self.opt))
         return node.actor.describe.remote()
 
-    def _scan(self, target_cpu: str) -> dict:
+    def _scan(self, target_cpu: str, quiet: bool = False) -> dict:
         """Start an actor on each node not seen before; {describe ref: node}."""
         refs = {}
         for node in alive_nodes(self.ray):
@@ -113,14 +113,15 @@ class ClusterMeasurer:
             why = pre_exclusion(node, target_cpu)
             if why:
                 node.lost = why
-                logger.info("  left out  %s: %s", node.name, why)
+                if not quiet:
+                    logger.info("  left out  %s: %s", node.name, why)
                 continue
             refs[self._spawn(node)] = node
         return refs
 
     def _start_all(self):
         own = R.current_target()
-        refs = self._scan(self.target_cpu or own["cpu"])
+        refs = self._scan(self.target_cpu or own["cpu"], quiet=True)
         ready, late = self.ray.wait(list(refs), num_returns=len(refs), timeout=self.start_timeout) if refs \
             else ([], [])
         infos = {}
@@ -132,6 +133,9 @@ class ClusterMeasurer:
                     t.get("llvm_cpu") or "?", t.get("threads") or "?")
         for ref, info in infos.items():
             self._admit(refs[ref], info)
+        for node in self.nodes.values():
+            if node.lost and node.info is None and node not in refs.values():
+                logger.info("  left out  %s: %s", node.name, node.lost)
         for ref in late:
             self._drop(refs[ref], self._late(refs[ref]))
         self.host = None                  # the Target that tasks and candidates follow, if not the driver's
@@ -167,6 +171,10 @@ class ClusterMeasurer:
         self.active.append(node)
         logger.info("  using     %s: %s, %s cores, %s threads per measurement, %s builders", node.name,
                     info["target"].get("cpu"), info.get("cores"), info["target"].get("threads"), node.builders)
+        if isinstance(info.get("nice"), int) and info["nice"] > 0:
+            logger.warning("  %s measures at nice %d (Ray's worker niceness): with other work on the machine its "
+                           "compiles and timings lose the CPU; start the node with RAY_worker_niceness=0",
+                           node.name, info["nice"])
 
     def _drop(self, node, why: str):
         node.lost = why
@@ -209,8 +217,11 @@ class ClusterMeasurer:
                 time.sleep(min(1.0, max(0.0, deadline - time.time())))
 
     # ---- measuring ------------------------------------------------------------------------------
-    def measure(self, task, configs: list, target: dict | None = None) -> list:
-        """Records (one per config) for candidates of a Task, measured on the cluster's nodes."""
+    streams = True                        # measure() hands each record to `on_record` as it arrives
+
+    def measure(self, task, configs: list, target: dict | None = None, on_record=None) -> list:
+        """Records (one per config) for candidates of a Task, measured on the cluster's nodes; each
+        is passed to `on_record` as it arrives (the driver logs it then, not at the round's end)."""
         t0 = time.time()
         self.rounds += 1
         self._rescan(block=not self.active)
@@ -241,6 +252,8 @@ class ClusterMeasurer:
                     for i, avoid in pending:
                         if avoid is None:
                             out[i] = self._lost(task, values[i])
+                            if on_record is not None:
+                                on_record(out[i])
                     break
                 continue
             ready, _ = self.ray.wait(list(inflight), num_returns=1, timeout=1.0)
@@ -261,6 +274,8 @@ class ClusterMeasurer:
                     if avoid is None:
                         out[i] = rec
                         node.trials += 1
+                        if on_record is not None:
+                            on_record(rec)
                         if crosscheck and i == 0 and rec.error == R.NO_ERROR and len(self.active) > 1:
                             pending.append((i, node.id))     # the same config on another node
             now = time.time()

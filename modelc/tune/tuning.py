@@ -171,13 +171,19 @@ def _tune(model, n_trials, log, shape, tuner, strategy, trials_per_round, early_
         done = sum(len(v) for v in history.values())
         progress = _Progress(n_trials, done, verbose == 0)
 
+        def write(i: int, rec):
+            rec.weight = tasks[i].weight
+            writer.write(rec)
+            if verbose >= 2 and rec.error:
+                logger.info("[%s] %s: %s", tasks[i].desc, R.ERROR_NAMES[rec.error], rec.error_msg)
+
         def measure(i: int, configs: list) -> list:
-            recs = measurer.measure(tasks[i], configs, target)
-            for rec in recs:
-                rec.weight = tasks[i].weight
-                writer.write(rec)
-                if verbose >= 2 and rec.error:
-                    logger.info("[%s] %s: %s", tasks[i].desc, R.ERROR_NAMES[rec.error], rec.error_msg)
+            if getattr(measurer, "streams", False):     # a cluster's records are logged as they arrive
+                recs = measurer.measure(tasks[i], configs, target, on_record=lambda rec: write(i, rec))
+            else:
+                recs = measurer.measure(tasks[i], configs, target)
+                for rec in recs:
+                    write(i, rec)
             costs = [rec.cost for rec in recs]
             tuners[i].update(configs, costs)
             return costs
