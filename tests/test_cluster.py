@@ -190,6 +190,26 @@ def test_a_node_of_another_cpu_label_or_version_is_left_out(cluster, monkeypatch
         cluster.remove_node(node)
 
 
+def test_a_node_that_compiles_for_another_isa_is_left_out(cluster, monkeypatch, caplog):
+    if "avx512f" not in R.current_target()["isa"]:
+        pytest.skip("the node's Haswell ISA differs from this machine's only where it has AVX-512")
+    caplog.set_level("INFO", logger="modelc")
+    # the node's workers inherit its environment: numba compiles for a Haswell there (AVX2, no AVX-512)
+    monkeypatch.setenv("NUMBA_CPU_NAME", "haswell")
+    monkeypatch.setenv("NUMBA_CPU_FEATURES", "+avx,+avx2,+fma,+sse4.1,+sse4.2,-avx512f")
+    node = cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1)
+    monkeypatch.undo()
+    try:
+        m = ClusterMeasurer(cluster.address, OPTS)
+        try:
+            assert len(m.active) == 2
+            assert "another ISA than the target's (-avx512" in caplog.text, caplog.text
+        finally:
+            m.close()
+    finally:
+        cluster.remove_node(node)
+
+
 def test_a_node_that_joins_later_is_picked_up_between_rounds(cluster, model):
     task = tuning.tuning_tasks(model)[0]
     cfg = task.tpl.default_config(task.wl, task.space)
