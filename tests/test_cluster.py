@@ -255,3 +255,20 @@ def test_disagreeing_timings_are_reported(caplog):
     assert not m.disagreements
     m._compare(T, R.Record("k", "", "conv2d", {"tile": 4}, [3e-3]), a)
     assert len(m.disagreements) == 1 and "timings disagree" in caplog.text and "2.50x" in caplog.text
+
+
+def test_with_no_node_left_the_candidates_are_runner_errors_and_then_an_error(cluster, model):
+    import ray
+    task = tuning.tuning_tasks(model)[0]
+    cfg = task.tpl.default_config(task.wl, task.space)
+    m = ClusterMeasurer(cluster.address, OPTS, wait_for_nodes_s=1)
+    try:
+        for node in m.active:
+            ray.kill(node.actor)
+        recs = m.measure(task, [cfg, cfg, cfg])
+        assert [r.error for r in recs] == [R.RUNTIME_ERROR] * 3
+        assert all("no node of the cluster was left" in r.error_msg and r.target == m.target for r in recs)
+        with pytest.raises(ModelcError, match="is left to measure for .*waited 1 s for one to join"):
+            m.measure(task, [cfg])
+    finally:
+        m.close()
