@@ -272,3 +272,17 @@ def test_with_no_node_left_the_candidates_are_runner_errors_and_then_an_error(cl
             m.measure(task, [cfg])
     finally:
         m.close()
+
+
+def test_a_cross_check_times_a_candidate_again_on_another_node(cluster, model):
+    task = tuning.tuning_tasks(model)[0]
+    cfg = task.tpl.default_config(task.wl, task.space)
+    m = ClusterMeasurer(cluster.address, OPTS, crosscheck_every=1, noise=1e9)
+    try:
+        recs = m.measure(task, [cfg])
+        assert len(recs) == 1 and recs[0].error == R.NO_ERROR, recs[0].error_msg
+        nodes = m.stats()["nodes"].values()
+        assert sorted(n["calls"] for n in nodes) == [1, 1]          # once for the log, once to compare
+        assert sum(n["trials"] for n in nodes) == 1
+    finally:
+        m.close()
