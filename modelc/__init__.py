@@ -10,6 +10,7 @@ from .compiler import compile
 from .runtime import Module, load
 from .tune.records import ApplyHistoryBest
 from .tune.tuning import tune
+from .te.task import SearchTask, register_workload
 
 __all__ = ["ApplyHistoryBest", "ModelcError", "Module", "compile", "tune", "extract_tasks", "from_onnx", "load",
-           "reference", "__version__"]
+           "reference", "SearchTask", "register_workload", "__version__"]

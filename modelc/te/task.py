@@ -1,0 +1,112 @@
+"""Workloads and search tasks, as TVM's auto_scheduler names them.
+
+A workload key is the registered function's name and its arguments as JSON, so it means the same
+computation in every process that registered the function (records will apply across runs).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..errors import InputError, ModelcError
+from .dag import ComputeDAG
+
+WORKLOADS: dict = {}
+
+
+def register_workload(func=None, *, name: str | None = None, override: bool = False):
+    """Register a function returning [inputs..., outputs...] as a workload (a decorator)."""
+    def reg(f):
+        key = name or f.__name__
+        if key in WORKLOADS and WORKLOADS[key] is not f and not override:
+            old = WORKLOADS[key]
+            if getattr(old, "__qualname__", None) != f.__qualname__ or old.__module__ != f.__module__:
+                raise ModelcError(f"workload {key!r} is already registered by another function "
+                                  "(pass override=True to replace it)")
+        WORKLOADS[key] = f
+        return f
+    return reg(func) if func is not None else reg
+
+
+def workload_key(name: str, args) -> str:
+    try:
+        return json.dumps([name, *args])
+    except TypeError as e:
+        raise ModelcError(f"workload {name!r}: its arguments must be JSON values (numbers, strings, "
+                          f"lists): {e}") from None
+
+
+class SearchTask:
+    """A computation to schedule: `func` (registered, or its name) applied to `args`."""
+
+    def __init__(self, func=None, args=(), workload_key: str | None = None):
+        if workload_key is not None:
+            try:
+                name, *args = json.loads(workload_key)
+            except (ValueError, TypeError):
+                raise ModelcError(f"bad workload key {workload_key!r}") from None
+        elif callable(func):
+            name = next((k for k, f in WORKLOADS.items() if f is func), None)
+            if name is None:
+                raise ModelcError(f"{getattr(func, '__name__', func)!r} is not a registered workload: "
+                                  "decorate it with @modelc.register_workload")
+        else:
+            name = func
+        if name not in WORKLOADS:
+            raise ModelcError(f"no workload registered as {name!r}")
+        self.args = tuple(args)
+        self.workload_key = globals()["workload_key"](name, self.args)
+        self.compute_dag = ComputeDAG(WORKLOADS[name](*self.args))
+
+    def __repr__(self):
+        return f"SearchTask({self.workload_key})"
+
+    def build(self, log: str | None = None) -> "BuiltFunction":
+        """The computation compiled with the default schedule (tuning records come later)."""
+        if log is not None:
+            raise ModelcError("SearchTask.build(log=...): applying tuning records to te workloads is not "
+                              "available yet (issue 15); build() uses the default schedule")
+        return BuiltFunction(self.compute_dag)
+
+
+class BuiltFunction:
+    """f(*inputs) -> output(s), or f(*inputs, *outputs) writing into given arrays."""
+
+    def __init__(self, dag: ComputeDAG):
+        from ..kernels import cache
+        from .codegen import kernel_source
+        from .lower import plan
+        self.dag = dag
+        self.plans = plan(dag)
+        made = [kernel_source(p) for p in self.plans]
+        self.sources = [s for s, _ in made]
+        self.arguments = [ts for _, ts in made]
+        self.kernels = cache.compile_all(self.sources, names=[f"te stage {p.name!r}" for p in self.plans])
+
+    def __call__(self, *arrays):
+        dag = self.dag
+        n_in, n_out = len(dag.inputs), len(dag.outputs)
+        if len(arrays) not in (n_in, n_in + n_out):
+            raise InputError(f"expected {n_in} input array(s) ({', '.join(t.name for t in dag.inputs)}), "
+                             f"optionally followed by {n_out} output array(s); got {len(arrays)}")
+        ins = dag.check_inputs(arrays[:n_in])
+        if len(arrays) == n_in:
+            outs = [np.empty(t.shape, t.dtype) for t in dag.outputs]
+        else:
+            outs = list(arrays[n_in:])
+            for t, a in zip(dag.outputs, outs):
+                if not (isinstance(a, np.ndarray) and a.shape == tuple(t.shape) and a.dtype == np.dtype(t.dtype)
+                        and a.flags.c_contiguous and a.flags.writeable):
+                    raise InputError(f"output {t.name!r} must be a writable C-contiguous {t.dtype} array of "
+                                     f"shape {tuple(t.shape)}, got {type(a).__name__} "
+                                     f"{getattr(a, 'dtype', '')} {getattr(a, 'shape', '')}")
+                if any(np.may_share_memory(a, x) for x in [*ins, *(o for o in outs if o is not a)]):
+                    raise InputError(f"output {t.name!r} overlaps another argument")
+        buffers = {id(t): a for t, a in zip(dag.inputs, ins)}
+        buffers.update({id(t): a for t, a in zip(dag.outputs, outs)})
+        for plan, args, kernel in zip(self.plans, self.arguments, self.kernels):
+            if id(plan.tensor) not in buffers:
+                buffers[id(plan.tensor)] = np.empty(plan.tensor.shape, plan.tensor.dtype)
+            kernel.bind([buffers[id(t)].reshape(-1) for t in args])()
+        return outs[0] if n_out == 1 else tuple(outs)
