@@ -146,12 +146,12 @@ def driver(nwords: int):
 
 def sequence_runner():
     """The native loop that runs a module's kernels one after another (compiled once, cached)."""
-    return _module(launch.SEQUENCE_SOURCE).run_sequence
+    return _module(launch.sequence_source()).run_sequence
 
 
 def profiled_sequence_runner():
     """`sequence_runner` stamping the cycle counter after each kernel, and the counter itself."""
-    mod = _module(launch.PROFILED_SEQUENCE_SOURCE)
+    mod = _module(launch.sequence_source(stamped=True))
     return mod.run_sequence, mod.counter
 
 

@@ -164,23 +164,33 @@ def call_chunk_words(typingctx, addr, table, start, nwords, lo, hi):
     return types.void(types.intp, table, types.intp, types.intp, types.intp, types.intp), codegen
 
 
-SEQUENCE_SOURCE = "\n".join([
-    "import numba",
-    "from numba import prange",
-    "from modelc.kernels.launch import call_chunk_words",
-    "",
-    "@numba.njit('void(intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], intp[::1])',",
-    "            parallel=True, cache=True, nogil=True)",
-    "def run_sequence(addrs, words, starts, nwords, items, chunks):",
-    "    for k in range(addrs.size):",
-    "        n = items[k]",
-    "        nc = chunks[k]",
-    "        if nc <= 1:",
-    "            call_chunk_words(addrs[k], words, starts[k], nwords[k], 0, n)",
-    "        else:",
-    "            for c in prange(nc):",
-    "                call_chunk_words(addrs[k], words, starts[k], nwords[k], c * n // nc, (c + 1) * n // nc)",
-    ""])
+def sequence_source(stamped: bool = False) -> str:
+    """The native loop that runs a module's kernels in order. `stamped`: the same loop reading the
+    cycle counter before the first kernel and after each, so a module's kernels are timed where they
+    run, between their real neighbours, with no Python call between them (Module.profile)."""
+    return "\n".join([
+        "import numba",
+        "from numba import prange",
+        "from modelc.kernels.launch import call_chunk_words" + (", cycle_counter" if stamped else ""),
+        "",
+        "@numba.njit('void(intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], intp[::1]"
+        + (", int64[::1]" if stamped else "") + ")',",
+        "            parallel=True, cache=True, nogil=True)",
+        "def run_sequence(addrs, words, starts, nwords, items, chunks" + (", stamps" if stamped else "") + "):",
+        *(["    stamps[0] = cycle_counter()"] if stamped else []),
+        "    for k in range(addrs.size):",
+        "        n = items[k]",
+        "        nc = chunks[k]",
+        "        if nc <= 1:",
+        "            call_chunk_words(addrs[k], words, starts[k], nwords[k], 0, n)",
+        "        else:",
+        "            for c in prange(nc):",
+        "                call_chunk_words(addrs[k], words, starts[k], nwords[k], c * n // nc, (c + 1) * n // nc)",
+        *(["        stamps[k + 1] = cycle_counter()", "",
+           "@numba.njit('int64()', cache=True, nogil=True)",
+           "def counter():",
+           "    return cycle_counter()"] if stamped else []),
+        ""])
 
 
 @intrinsic
@@ -192,33 +202,6 @@ def cycle_counter(typingctx):
         return builder.call(fn, [])
 
     return types.int64(), codegen
-
-
-# The same loop, stamping the counter before the first kernel and after each: a module's kernels
-# timed where they run, between their real neighbours, with no Python call between them.
-PROFILED_SEQUENCE_SOURCE = "\n".join([
-    "import numba",
-    "from numba import prange",
-    "from modelc.kernels.launch import call_chunk_words, cycle_counter",
-    "",
-    "@numba.njit('void(intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], int64[::1])',",
-    "            parallel=True, cache=True, nogil=True)",
-    "def run_sequence(addrs, words, starts, nwords, items, chunks, stamps):",
-    "    stamps[0] = cycle_counter()",
-    "    for k in range(addrs.size):",
-    "        n = items[k]",
-    "        nc = chunks[k]",
-    "        if nc <= 1:",
-    "            call_chunk_words(addrs[k], words, starts[k], nwords[k], 0, n)",
-    "        else:",
-    "            for c in prange(nc):",
-    "                call_chunk_words(addrs[k], words, starts[k], nwords[k], c * n // nc, (c + 1) * n // nc)",
-    "        stamps[k + 1] = cycle_counter()",
-    "",
-    "@numba.njit('int64()', cache=True, nogil=True)",
-    "def counter():",
-    "    return cycle_counter()",
-    ""])
 
 
 class Sequence:
@@ -241,7 +224,7 @@ class Sequence:
         self._run(*self._args)
 
     def stamped(self, run_profiled) -> np.ndarray:
-        """Run once through `run_profiled` (PROFILED_SEQUENCE_SOURCE); the counter's ticks each
+        """Run once through `run_profiled` (`sequence_source(stamped=True)`); the counter's ticks each
         kernel took, in order."""
         stamps = np.zeros(len(self.calls) + 1, np.int64)
         run_profiled(*self._args, stamps)
