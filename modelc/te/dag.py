@@ -34,7 +34,7 @@ class ComputeDAG:
                 for s in t.op.input_tensors:
                     visit(s)
             self.ops.append(t)
-        for t in tensors:
+        for t in self.outputs + self.inputs:     # from the outputs, as TVM prints it
             visit(t)
         for t in self.ops:
             if isinstance(t.op, PlaceholderOp) and not any(t is i for i in self.inputs):

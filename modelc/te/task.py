@@ -62,19 +62,19 @@ class SearchTask:
     def __repr__(self):
         return f"SearchTask({self.workload_key})"
 
-    def build(self, log: str | None = None) -> "BuiltFunction":
-        """The computation compiled with the default schedule (tuning records come later)."""
+    def build(self, log: str | None = None, compile: bool = True) -> "BuiltFunction":
+        """The computation compiled with the default schedule (tuning records come later);
+        compile=False defers compiling to the first call or to `build_many`."""
         if log is not None:
             raise ModelcError("SearchTask.build(log=...): applying tuning records to te workloads is not "
                               "available yet (issue 15); build() uses the default schedule")
-        return BuiltFunction(self.compute_dag)
+        return BuiltFunction(self.compute_dag, compile=compile)
 
 
 class BuiltFunction:
     """f(*inputs) -> output(s), or f(*inputs, *outputs) writing into given arrays."""
 
-    def __init__(self, dag: ComputeDAG):
-        from ..kernels import cache
+    def __init__(self, dag: ComputeDAG, compile: bool = True):
         from .codegen import kernel_source
         from .lower import plan
         self.dag = dag
@@ -82,9 +82,17 @@ class BuiltFunction:
         made = [kernel_source(p) for p in self.plans]
         self.sources = [s for s, _ in made]
         self.arguments = [ts for _, ts in made]
-        self.kernels = cache.compile_all(self.sources, names=[f"te stage {p.name!r}" for p in self.plans])
+        self.names = [f"te stage {p.name!r}" for p in self.plans]
+        self.kernels = None
+        if compile:
+            build_many([self])
 
     def __call__(self, *arrays):
+        if self.kernels is None:
+            build_many([self])
+        return self._run(arrays)
+
+    def _run(self, arrays):
         dag = self.dag
         n_in, n_out = len(dag.inputs), len(dag.outputs)
         if len(arrays) not in (n_in, n_in + n_out):
@@ -110,3 +118,13 @@ class BuiltFunction:
                 buffers[id(plan.tensor)] = np.empty(plan.tensor.shape, plan.tensor.dtype)
             kernel.bind([buffers[id(t)].reshape(-1) for t in args])()
         return outs[0] if n_out == 1 else tuple(outs)
+
+
+def build_many(functions: list) -> list:
+    """Compile the kernels of several built functions at once (cold kernels compile in parallel)."""
+    from ..kernels import cache
+    todo = [f for f in functions if f.kernels is None]
+    kernels = cache.compile_all([s for f in todo for s in f.sources], names=[n for f in todo for n in f.names])
+    for f in todo:
+        f.kernels, kernels = kernels[:len(f.sources)], kernels[len(f.sources):]
+    return functions
