@@ -194,3 +194,18 @@ def np_elementwise(x, y):
     v = v + np.log(np.abs(x) + 1) + np.sqrt(np.abs(x)) + np.minimum(x, 0.25) - np.maximum(x, -0.25)
     v = v + (i * 3 + j) % 5 + np.vectorize(erf)(x) + y.reshape(N, M)
     return np.where((i != j) & (x != 0), v, -v)
+
+
+@modelc.register_workload
+def matmul_rownorm(N, L, M):
+    """The reduction fused into its reader, which also reads a reduction declared after it."""
+    A = te.placeholder((N, L), name="A")
+    B = te.placeholder((L, M), name="B")
+    k, k2 = te.reduce_axis((0, L), "k"), te.reduce_axis((0, L), "k2")
+    mm = te.compute((N, M), lambda i, j: te.sum(A[i, k] * B[k, j], axis=k), name="mm")
+    s = te.compute((N,), lambda i: te.sum(A[i, k2] * A[i, k2], axis=k2), name="s")
+    return [A, B, te.compute((N, M), lambda i, j: mm[i, j] / (s[i] + 1.0), name="out")]
+
+
+def np_matmul_rownorm(a, b):
+    return a @ b / ((a * a).sum(axis=1, keepdims=True) + 1)

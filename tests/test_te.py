@@ -29,6 +29,7 @@ CASES = {
     "l2_normalize": ((W.l2_normalize, (7, 33)), W.np_l2_normalize),
     "bmm_gelu": ((W.bmm_gelu, (2, 8, 20, 12)), W.np_bmm_gelu),
     "elementwise": ((W.elementwise, (6, 19)), W.np_elementwise),
+    "matmul_rownorm": ((W.matmul_rownorm, (8, 10, 17)), W.np_matmul_rownorm),
 }
 
 
@@ -76,6 +77,7 @@ def test_default_schedule(built):
     assert len(f.sources) == 1 and "stack_empty(128, np.float32)" in f.sources[0]
     assert [p.name for p in built["softmax"][1].plans] == ["maxelem", "expsum", "softmax"]
     assert [p.name for p in built["bmm_gelu"][1].plans] == ["bmm + gelu"]
+    assert [p.name for p in built["matmul_rownorm"][1].plans] == ["s", "mm + out"]
 
 
 def test_workload_key_and_argument_checks(built):
@@ -144,6 +146,7 @@ BAD = [
     (lambda: te.compute((8,), lambda i: A[i, 0] / 2 + IX[i] / 2, name="s13"), "stage 's13'"),
     (lambda: te.compute((8,), lambda i: te.exp(IX[i]), name="s14"), "stage 's14'.*exp of a int64"),
     (lambda: te.placeholder((8, 0), name="p"), "positive integers"),
+    (lambda: te.compute((8,), lambda i: te.max(A[i, 0]), name="s15"), "stage 's15'.*axis= .a reduction"),
 ]
 
 

@@ -23,11 +23,18 @@ def sum(expr, axis):               # noqa: A001  (TVM's name)
 
 def max(expr, b=None, axis=None):  # noqa: A001
     """te.max(expr, axis=k) reduces; te.max(a, b) is the larger of two values."""
-    return reduction("max", expr, axis) if axis is not None else call("max", expr, b)
+    return reduction("max", expr, axis) if axis is not None else call("max", expr, _second("max", b))
 
 
 def min(expr, b=None, axis=None):  # noqa: A001
-    return reduction("min", expr, axis) if axis is not None else call("min", expr, b)
+    return reduction("min", expr, axis) if axis is not None else call("min", expr, _second("min", b))
+
+
+def _second(fn, b):
+    if b is None:
+        from .expr import fail
+        fail(f"te.{fn} takes axis= (a reduction) or a second value (the {fn} of two)")
+    return b
 
 
 def exp(x):

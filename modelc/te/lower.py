@@ -72,17 +72,18 @@ def plan(dag) -> list[KernelPlan]:
                 fused[id(r)] = t
                 break
     plans = []
+    into = {id(c): r for r, c in ((next(k for k in kernels if id(k) == rid), c) for rid, c in fused.items())}
     for t in kernels:
-        if any(c is t for c in fused.values()):
-            continue
-        op, body = t.op, bodies[id(t)]
         if id(t) in fused:
-            c = fused[id(t)]
-            env = {id(a): b for a, b in zip(op.axis, c.op.axis)}
-            red = substitute(body, lambda m: env.get(id(m)))
+            continue                    # computed where its consumer is: after all the consumer reads
+        op, body = t.op, bodies[id(t)]
+        if id(t) in into:
+            r = into[id(t)]
+            env = {id(a): b for a, b in zip(r.op.axis, op.axis)}
+            red = substitute(bodies[id(r)], lambda m: env.get(id(m)))
             acc = Acc(red.dtype)
-            value = substitute(bodies[id(c)], lambda m: acc if isinstance(m, Read) and m.tensor is t else None)
-            plans.append(KernelPlan(c, f"{op.name} + {c.op.name}", list(c.op.axis), red, value))
+            value = substitute(body, lambda m: acc if isinstance(m, Read) and m.tensor is r else None)
+            plans.append(KernelPlan(t, f"{r.op.name} + {op.name}", list(op.axis), red, value))
         elif isinstance(body, Reduce):
             plans.append(KernelPlan(t, op.name, list(op.axis), body, Acc(body.dtype)))
         else:
