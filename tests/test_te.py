@@ -193,3 +193,25 @@ def test_reference_of_reductions_and_guards():
     want = [min(x[(i - 3) % N] * ((kk - 3) // 2) for kk in range(N)) for i in range(N)]
     assert te.ComputeDAG([X, out]).evaluate(x).tolist() == want
     assert math.isfinite(te.ComputeDAG([X, out]).flop_count())
+
+
+def test_several_outputs_of_other_dtypes_and_a_guarded_gather():
+    """Outputs that are read by other stages, bool and int64 outputs, an index read from a tensor
+    (clamped in the kernel: only the guard bounds it)."""
+    n = 21
+    X = te.placeholder((n, 3), name="X")
+    ix = te.placeholder((n,), name="I", dtype="int32")
+    k = te.reduce_axis((0, 3), "k")
+    mx = te.compute((n,), lambda i: te.max(X[i, k], axis=k), name="mx")
+    pos = te.compute((n, 3), lambda i, j: X[i, j] > mx[i] * 0.5, name="pos")
+    cnt = te.compute((n,), lambda i: te.sum(te.cast("int64", ix[i]) * 2 + k, axis=k), name="cnt")
+    g = te.compute((n,), lambda i: te.if_then_else(
+        ix[i] >= 0, X[te.min(te.cast("int64", ix[i]), n + 5), 0], 0.0), name="gather")
+    dag = te.ComputeDAG([X, ix, mx, pos, cnt, g])
+    x, i = np.random.default_rng(1).random((n, 3)).astype(np.float32), np.arange(n, dtype=np.int32) - 3
+    from modelc.te.task import BuiltFunction
+    outs, refs = BuiltFunction(dag)(x, i), dag.evaluate(x, i)
+    assert [o.dtype for o in outs] == [np.float32, np.bool_, np.int64, np.float32]
+    for o, r in zip(outs, refs):
+        assert np.array_equal(o, r)
+    assert np.array_equal(refs[3], np.where(i >= 0, x[np.minimum(np.maximum(i, 0), n - 1), 0], 0))
