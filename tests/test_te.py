@@ -71,10 +71,20 @@ def test_dag_prints_like_tvm(built):
 
 
 def test_default_schedule(built):
-    """matmul + C is one kernel (the add fused after the reduction), with an 8 x 16 register tile;
-    softmax is three (max, sum of exp, divide: exp inlined into both readers)."""
+    """matmul + C is one kernel (the add fused after the reduction), with a register tile of rows x one
+    vector (8 x 16 float32 on AVX-512, 4 x 8 on AVX2: from the target, never a constant); softmax is
+    three (max, sum of exp, divide: exp inlined into both readers)."""
+    from modelc import target
+    from modelc.target import Target
     f = built["matmul_add_rows"][1]
-    assert len(f.sources) == 1 and "stack_empty(128, np.float32)" in f.sources[0]
+    assert len(f.sources) == 1
+    task = built["matmul_add_rows"][0]
+    avx512 = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512dq,+avx512bw,+avx512vl", threads=2)
+    avx2 = Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2,-avx512f", threads=2)
+    for tg, tile in ((avx512, 8 * 16), (avx2, 4 * 8)):
+        with target.use(tg):
+            src = task.build(compile=False).sources[0]
+        assert f"stack_empty({tile}, np.float32)" in src, (tg.llvm_cpu, tile)
     assert [p.name for p in built["softmax"][1].plans] == ["maxelem", "expsum", "softmax"]
     assert [p.name for p in built["bmm_gelu"][1].plans] == ["bmm + gelu"]
     assert [p.name for p in built["matmul_rownorm"][1].plans] == ["s", "mm + out"]

@@ -1,8 +1,9 @@
 """Kernel source for a KernelPlan, in the form PERFORMANCE.md found fast.
 
-The loop nest: all spatial axes but the last, the last axis in tiles of up to 16 lanes (one AVX-512
-vector of float32), and for a reduction with two or more spatial axes MR rows of the
-second-to-last axis written out in the source (a register tile of MR x 16 accumulators on the stack);
+The loop nest: all spatial axes but the last, the last axis in tiles of one vector (16 float32 lanes
+with AVX-512, 8 with AVX2: from target.py), and for a reduction with two or more spatial axes MR rows of
+the second-to-last axis written out in the source (a register tile of MR vectors on the stack, at most
+half the target's vector registers);
 these outer loops fused into one parallel loop; the reduction loops inside; one constant-trip loop
 over the lanes innermost. Arrays are flat, offsets row-major and `np.uintp`. Tensors and variables
 get names made here (`out0`, `in1`, `i0`, `r0`): nothing a user named reaches the source.
@@ -13,6 +14,7 @@ import math
 
 import numpy as np
 
+from .. import target
 from ..kernels.expr import ctor, lit
 from ..kernels.intrinsics import FASTMATH, exp_polynomial, imports
 from ..kernels.template import parallel_loop, source
@@ -20,8 +22,7 @@ from .bounds import unproven_reads
 from .expr import Binary, Call, Cast, Const, Read, Select, Var
 from .lower import Acc, KernelPlan
 
-LANES = 16
-MAX_ROWS = 8
+ROWS = (8, 4, 2, 1)            # register-tile heights tried, largest first (within the target's registers)
 
 _F32 = lambda text: f"np.float32({text})"  # noqa: E731
 FAST_EXP = [imports("f32_from_bits"), "", f"@numba.njit(fastmath={FASTMATH})", "def fast_exp32(x):",
@@ -100,12 +101,14 @@ def kernel_source(p: KernelPlan) -> tuple[str, list]:
     shape = list(p.tensor.shape)
     n, dt = len(shape), p.tensor.dtype
     inner = shape[-1]
-    lanes = min(LANES, inner)
+    tg = target.current()                  # the CPU's vector width and registers, never a constant
+    lanes = min(tg.lanes(np.dtype(dt).itemsize), inner)
     full, rem = divmod(inner, lanes)
     ntiles = full + (rem > 0)
     rows = 1
     if p.reduce is not None and n >= 2:
-        rows = next(r for r in (MAX_ROWS, 4, 2, 1) if shape[-2] % r == 0)
+        most = max(1, tg.max_tile_vectors // 2)
+        rows = next(r for r in ROWS if r <= most and shape[-2] % r == 0)
     outer = shape[:-1]
     if rows > 1:
         outer = [*shape[:-2], shape[-2] // rows]
