@@ -111,11 +111,13 @@ class Conv2d(Template):
         has_bias = len(conv.args) > 2 and bool(conv.args[2])
 
         # the tile: TOH output rows x OWT output columns x KT output channels; a last tile that
-        # would pass the end of a row or column is shifted back (recomputing, never branching)
+        # would pass the end of a row or column is shifted back (recomputing, never branching in
+        # the reduction)
         item = ParallelItem()
         body = [item.loop(g.N * KO * NR * NT),
                 *item.take("t", NT),
-                *item.take("oh0", NR, lambda r: shifted_start(f"{r} * {TOH}", OH, TOH)),
+                *item.take("rt", NR),
+                f"    oh0 = {shifted_start(f'rt * {TOH}', OH, TOH)}",
                 *item.last("ko", KO, "n"),
                 f"    ko0 = {shifted_start(f'ko * {m}', KBLK, m)}",
                 f"    ow0 = {shifted_start(f't * {OWT}', OW, OWT)}",
@@ -161,10 +163,20 @@ class Conv2d(Template):
         # epilogue and store: channel k = (ko * m + blk) * KB + jj
         out = wl.outputs[0]
         ops = wl.epilogue
+        # A shifted tile stores only what the tile before it did not: two items writing one output
+        # raced, and as LLVM may round the same sum differently in two places of the unrolled tile
+        # (fast-math reassociates the bias and residual adds), a module's results changed from run to
+        # run in the last bit (MobileNetV2's 1x1 conv 144 -> 24, blocks of 8 in tiles of 2).
         for rr in range(TOH):
             for r in range(OWT):
                 for blk in range(m):
-                    body += [f"    for jj in range({KB}):"]
+                    owner = ([f"oh0 + {rr} >= rt * {TOH}"] if OH % TOH else []) + \
+                        ([f"ow0 + {r} >= t * {OWT}"] if OW % OWT else []) + \
+                        ([f"ko0 + {blk} >= ko * {m}"] if KBLK % m else [])
+                    pre = "        " if owner else "    "
+                    if owner:
+                        body += [f"    if {' and '.join(owner)}:"]
+                    body += [f"{pre}for jj in range({KB}):"]
                     v = f"acc[{(rr * OWT + r) * KT + blk * KB} + jj]"
                     cblk = f"ko0 + {blk}" if blk else "ko0"
                     chan = (cblk, "jj", KB)
@@ -173,8 +185,8 @@ class Conv2d(Template):
                     idx = ["n", chan, f"oh0 + {rr}", f"ow0 + {r}"]
                     lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
                                             var=f"e{rr}_{r}_", unsigned=True)
-                    body += ["        " + ln for ln in lines]
-                    body += [f"        out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
+                    body += [f"{pre}    {ln}" for ln in lines]
+                    body += [f"{pre}    out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
 
         def pack_weights(w):                                            # [K, C, KH, KW]
             first = [min(t * m, KBLK - m) * KB for t in range(KO)]      # each tile's first channel
