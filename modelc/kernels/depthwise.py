@@ -159,6 +159,18 @@ class DepthwiseConv2d(Template):
                 f"            ob = np.uintp(op + (oh0 + {hout}) * {os_[2]} + (ow0 + {hout}) * {b})"]
         pre = " " * 12
         tile = [(ro, r) for ro in range(OHT) for r in range(OWT)]
+        # An item stores only its own block of R rows: a tile reaching past it (R not a multiple of
+        # OHT, or the last tile shifted back) stored rows of another item, from another thread, and
+        # the same sum may round differently at two places of a tile (fast-math), so results could
+        # change from run to run. Columns are all one item's, stored in a fixed order: no guard.
+        starts = [rb * R + q * OHT for rb in range(NRB) for q in range((min(rb * R + R, OH) - rb * R + OHT - 1) // OHT)]
+        guarded = any(st > OH - OHT for st in starts) or R % OHT != 0
+        if guarded:
+            body += [f"            rok{ro} = oh0 + {ro} >= rb * {R} and oh0 + {ro} < rb * {R} + {R}"
+                     for ro in range(OHT)]
+
+        def owner(ro, r) -> str:
+            return f"rok{ro}" if guarded else ""
 
         def taps(kh_list, pre, acc, xbase):
             """Multiply-adds of filter rows kh_list into the tile; shared input vectors loaded once."""
@@ -192,7 +204,8 @@ class DepthwiseConv2d(Template):
                 ep, final = epilogue(wl, ops, acc(ro, r), idx, out.shape, out.dtype,
                                      f"v{conv.index}", var=f"e{ro}_{r}_", unsigned=True)
                 lines += [pre + ln for ln in ep]
-                lines.append(f"{pre}out0[ob + np.uintp({ro * os_[2] + r * b} + j)] = {final}")
+                st = f"out0[ob + np.uintp({ro * os_[2] + r * b} + j)] = {final}"
+                lines += [f"{pre}if {owner(ro, r)}:", f"{pre}    {st}"] if owner(ro, r) else [pre + st]
             return lines
 
         if unroll:
