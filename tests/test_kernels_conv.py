@@ -117,8 +117,6 @@ def test_depthwise_items_store_only_their_own_rows(tile_oh, rows, unroll):
     """Rows in blocks of `rows` per item and tiles of `tile_oh` rows: a tile reaching past its block,
     or the last one shifted back, stored rows of another item, from another thread (the same race as
     conv2d's shifted tiles). Each item is run alone on an output full of NaN, to count who stores what."""
-    import ctypes
-
     import numpy as np
     wl = dw_wl(32, 11, hin=1, hout=0, clip=True)
     tpl = template.select(wl)
@@ -126,12 +124,5 @@ def test_depthwise_items_store_only_their_own_rows(tile_oh, rows, unroll):
     cfg = space.from_values({"tile_ow": 4, "tile_oh": tile_oh, "rows_per_task": rows, "unroll_kh": unroll})
     got, want, fn, args = testing.run(wl, tpl, cfg)
     assert testing.max_rel_error(got, want) <= 1e-5
-    out = args[0]
-    words = [v for a in args for v in (ctypes.c_void_p(a.ctypes.data), ctypes.c_ssize_t(a.size))]
-    kernel = ctypes.CFUNCTYPE(None, *[type(w) for w in words], ctypes.c_ssize_t, ctypes.c_ssize_t)(fn.address)
-    writers = np.zeros(out.size, np.int64)
-    for item in range(fn.n_items):
-        out[:] = np.nan
-        kernel(*words, item, item + 1)
-        writers += ~np.isnan(out)
+    writers = testing.stores_per_output(fn, args)
     assert writers.min() == 1 and writers.max() == 1, np.bincount(writers)

@@ -120,19 +120,11 @@ def test_every_output_is_stored_by_exactly_one_item():
     in two places of the unrolled tile (fast-math reassociates the bias and residual adds): a
     MobileNetV2 module's results changed from run to run in the last bit. Each item is run alone here
     on an output full of NaN, to count who stores what."""
-    import ctypes
     wl = conv2d_wl(C=32, H=9, W=9, K=24, k=1, s=1, p=0, hin=0, hout=0, residual=True, act=None)
     tpl = template.select(wl)
     space = tpl.space(wl)
     cfg = space.from_values(dict(tpl.default_config(wl, space).values, tile_oc_blocks=2, tile_oh=2, tile_ow=4))
     got, want, fn, args = testing.run(wl, tpl, cfg)
     assert testing.max_rel_error(got, want) <= 1e-5
-    out = args[0]
-    words = [v for a in args for v in (ctypes.c_void_p(a.ctypes.data), ctypes.c_ssize_t(a.size))]
-    kernel = ctypes.CFUNCTYPE(None, *[type(w) for w in words], ctypes.c_ssize_t, ctypes.c_ssize_t)(fn.address)
-    writers = np.zeros(out.size, np.int64)
-    for item in range(fn.n_items):
-        out[:] = np.nan
-        kernel(*words, item, item + 1)
-        writers += ~np.isnan(out)
+    writers = testing.stores_per_output(fn, args)
     assert writers.min() == 1 and writers.max() == 1, np.bincount(writers)

@@ -54,3 +54,19 @@ def run(wl: Workload, template: Template, cfg, inputs: list | None = None, seed:
     fn(*args)
     got = [from_physical(o, t.shape, t.layout) for o, t in zip(outs, wl.outputs)]
     return got, reference_outputs(wl, inputs), fn, args
+
+
+def stores_per_output(fn, args: list) -> np.ndarray:
+    """How many of a kernel's items store each element of its first output: each item is run alone
+    (the cfunc over [item, item + 1)) on an output full of NaN. More than one means two threads may
+    race on an output (templates that shift edge tiles must leave it to one owner)."""
+    import ctypes
+    out = args[0]
+    words = [v for a in args for v in (ctypes.c_void_p(a.ctypes.data), ctypes.c_ssize_t(a.size))]
+    kernel = ctypes.CFUNCTYPE(None, *[type(w) for w in words], ctypes.c_ssize_t, ctypes.c_ssize_t)(fn.address)
+    counts = np.zeros(out.size, np.int64)
+    for item in range(fn.n_items):
+        out[:] = np.nan
+        kernel(*words, item, item + 1)
+        counts += ~np.isnan(out)
+    return counts
