@@ -25,7 +25,7 @@ from .kernels import templates as _templates  # noqa: F401  (registers the templ
 from .kernels.space import ConfigSpace
 from .kernels.template import Template, alternatives, select
 from .kernels.template import get as get_template
-from .kernels.workload import Workload
+from .kernels.workload import Workload, view
 from .ops.cost import node_macs
 from .passes.lower import lower
 
@@ -55,7 +55,7 @@ class Task:
 
     @functools.cached_property
     def wl(self) -> Workload:
-        return Workload(self.workload)
+        return view(self.workload)
 
     @functools.cached_property
     def tpl(self) -> Template:
@@ -178,6 +178,9 @@ def group_flops(graph: Graph, node: Node) -> int:
 
 def workload_flops(workload: dict) -> int:
     """FLOPs of a workload from its JSON alone (for records of tasks not in the current model)."""
+    if isinstance(workload, dict) and "te" in workload:
+        from .te.document import flops
+        return flops(workload)
     g = Workload(workload).to_graph()
     return _flops(g, g.topo())
 

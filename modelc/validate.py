@@ -196,6 +196,21 @@ def check_workload(wl, path: str = "workload", key: str | None = None):
                 return
         except (TypeError, ValueError, RecursionError):
             pass                    # edited: the full check below names what is wrong
+    if isinstance(wl, dict) and "te" in wl:       # a te kernel's document (te/document.py)
+        from .te.document import from_document
+        try:
+            from_document(wl, path)
+        except DocumentError:
+            raise
+        except ModelcError as e:
+            raise DocumentError(f"{path}: {e}") from None
+        except RecursionError:
+            raise DocumentError(f"{path}: nested too deeply") from None
+        if key is not None and workload_key(wl) != key:
+            _fail(path, f"does not hash to its key {key!r} (edited or corrupt)")
+        if key is not None:
+            _validated_keys.add(key)
+        return
     _keys(wl, path, {"version", "inputs", "ops", "params", "outputs"})
     if wl["version"] != KEY_VERSION or not _is_int(wl["version"]):
         _fail(f"{path}.version", f"workload version {_show(wl['version'])}; this modelc reads {KEY_VERSION}")
@@ -294,12 +309,12 @@ _spaces: dict = {}          # (workload key, template, target) -> (template, wor
 def _space(template: str, wl: dict, path: str):
     from .kernels import templates as _templates  # noqa: F401  (registers the templates)
     from .kernels.template import get
-    from .kernels.workload import Workload
+    from .kernels.workload import view as as_view
     try:
         tpl = get(template)
     except ModelcError:
         _fail(f"{path}.template", f"unknown kernel template {template!r}")
-    view = Workload(wl)
+    view = as_view(wl)
     try:
         if not tpl.matches(view):
             _fail(f"{path}.template", f"template {template!r} does not handle this workload")

@@ -9,3 +9,4 @@ from . import lrn  # noqa: F401
 from . import scatter  # noqa: F401
 from . import injective  # noqa: F401,E402  (after the specialised templates)
 from . import fallback  # noqa: F401,E402  (matches everything: keep it last)
+from ..te import template as _te  # noqa: F401,E402  (te kernels: never an ONNX workload)

@@ -29,6 +29,8 @@ def bind(wl: Workload, kernel: Kernel, inputs: list, packed: dict | None = None)
 
 
 def reference_outputs(wl: Workload, inputs: list) -> list:
+    if hasattr(wl, "reference"):            # a te kernel: numpy's evaluation of its declaration
+        return wl.reference(inputs)
     g = wl.to_graph()
     res = reference.run(g, {f"i{k}": x for k, x in enumerate(inputs)})
     return [res[o] for o in g.outputs]

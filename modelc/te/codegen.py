@@ -1,12 +1,8 @@
-"""Kernel source for a KernelPlan, in the form PERFORMANCE.md found fast.
-
-The loop nest: all spatial axes but the last, the last axis in tiles of one vector (16 float32 lanes
-with AVX-512, 8 with AVX2: from target.py), and for a reduction with two or more spatial axes MR rows of
-the second-to-last axis written out in the source (a register tile of MR vectors on the stack, at most
-half the target's vector registers);
-these outer loops fused into one parallel loop; the reduction loops inside; one constant-trip loop
-over the lanes innermost. Arrays are flat, offsets row-major and `np.uintp`. Tensors and variables
-get names made here (`out0`, `in1`, `i0`, `r0`): nothing a user named reaches the source.
+"""Kernel source for a KernelPlan under an annotation of its sketch, in the form PERFORMANCE.md
+found fast: register tiles as stack arrays with the rows written out, the innermost spatial axis in
+constant-trip loops of the target's vector lanes, flat arrays at `np.uintp` offsets, the outer loops
+fused into one parallel loop of work items (`_Nest` says in what order). Tensors and variables get
+names made here (`out0`, `in1`, `q0`, `r0`): nothing a user named reaches the source.
 """
 from __future__ import annotations
 
@@ -14,15 +10,13 @@ import math
 
 import numpy as np
 
-from .. import target
 from ..kernels.expr import ctor, lit
 from ..kernels.intrinsics import FASTMATH, exp_polynomial, imports
 from ..kernels.template import parallel_loop, source
 from .bounds import unproven_reads
+from ..errors import ModelcError
 from .expr import Binary, Call, Cast, Const, Read, Select, Var
 from .lower import Acc, KernelPlan
-
-ROWS = (8, 4, 2, 1)            # register-tile heights tried, largest first (within the target's registers)
 
 _F32 = lambda text: f"np.float32({text})"  # noqa: E731
 FAST_EXP = [imports("f32_from_bits"), "", f"@numba.njit(fastmath={FASTMATH})", "def fast_exp32(x):",
@@ -41,7 +35,8 @@ class _Emitter:
         if isinstance(e, Const):
             return lit(e.value, e.dtype)
         if isinstance(e, Var):
-            return env[id(e)]
+            v = env[id(e)]
+            return v if v.isidentifier() else f"({v})"     # "m0 + 1" inside "x * 2"
         if isinstance(e, Acc):
             return env["acc"]
         if isinstance(e, Read):
@@ -90,54 +85,18 @@ def offset(idx: list, shape) -> str:
     return f"np.uintp({' + '.join(terms) or '0'})"
 
 
-def kernel_source(p: KernelPlan) -> tuple[str, list]:
-    """(source, tensors): the kernel module and the tensors bound to its arguments, in order."""
+def kernel_source(p: KernelPlan, values: dict | None = None) -> tuple[str, list]:
+    """(source, tensors): the kernel module under the annotation `values` (knob values of
+    sketch.space; None: its default), and the tensors bound to its arguments, in order."""
+    from .sketch import default_values, lanes_of
+    v = default_values(p) if values is None else values
     tensors = [p.tensor, *p.reads]
     names = {id(t): (f"out{k}" if k == 0 else f"in{k - 1}") for k, t in enumerate(tensors)}
     clamp = set()
     for e in ([p.reduce.source] if p.reduce is not None else []) + [p.value]:
         clamp |= {id(r) for r, *_ in unproven_reads(e)}
-    emit = _Emitter(names, clamp)
-    shape = list(p.tensor.shape)
-    n, dt = len(shape), p.tensor.dtype
-    inner = shape[-1]
-    tg = target.current()                  # the CPU's vector width and registers, never a constant
-    lanes = min(tg.lanes(np.dtype(dt).itemsize), inner)
-    full, rem = divmod(inner, lanes)
-    ntiles = full + (rem > 0)
-    rows = 1
-    if p.reduce is not None and n >= 2:
-        most = max(1, tg.max_tile_vectors // 2)
-        rows = next(r for r in ROWS if r <= most and shape[-2] % r == 0)
-    outer = shape[:-1]
-    if rows > 1:
-        outer = [*shape[:-2], shape[-2] // rows]
-    items = math.prod(outer) * ntiles
-    body = [parallel_loop("it", items)]
-    ind = "    "
-    body.append(f"{ind}jt = it % {ntiles}")
-    rest = f"it // {ntiles}"
-    for d in range(len(outer) - 1, -1, -1):
-        if d == 0:
-            body.append(f"{ind}q0 = {rest}")
-        else:
-            body += [f"{ind}q{d} = {rest} % {outer[d]}", f"{ind}rest{d} = {rest} // {outer[d]}"]
-            rest = f"rest{d}"
-    env = {id(a): f"q{d}" for d, a in enumerate(p.axis[:-1])}
-    row_envs = [dict(env)]
-    if rows > 1:
-        row_envs = []
-        for m in range(rows):
-            body.append(f"{ind}y{m} = q{n - 2} * {rows} + {m}")
-            row_envs.append({**env, id(p.axis[-2]): f"y{m}"})
-    body.append(f"{ind}j0 = jt * {lanes}")
-    tiles = [(lanes, [])] if not rem else [(lanes, ["if jt < %d:" % full]), (rem, ["else:"])]
-    for width, head in tiles:
-        lines = _tile(p, emit, row_envs, width, dt, shape)
-        if head:
-            body += [ind + head[0]] + [ind + "    " + ln for ln in lines]
-        else:
-            body += [ind + ln for ln in lines]
+    nest = _Nest(p, v, _Emitter(names, clamp), lanes_of(p))
+    body = nest.lines()
     extra = FAST_EXP if any("fast_exp32(" in ln for ln in body) else []
     if any("fmax(" in ln or "fmin(" in ln for ln in body):
         extra = [imports("fmax", "fmin"), *extra]
@@ -145,32 +104,154 @@ def kernel_source(p: KernelPlan) -> tuple[str, list]:
     return source([names[id(t)] for t in tensors], dtypes, body, extra=extra), tensors
 
 
-def _tile(p: KernelPlan, emit, row_envs: list, width: int, dt: str, shape: list) -> list:
-    """One register tile: len(row_envs) rows x `width` lanes of the last axis."""
-    last = id(p.axis[-1])
-    lane = {**{}, last: "j0 + jj"}
-    out = []
-    if p.reduce is not None:
-        size = len(row_envs) * width
-        out.append(f"acc = carray(stack_empty({size}, {ctor(dt)}), {size})")
-        out += [f"for jj in range({size}):", f"    acc[jj] = {_INIT[p.reduce.op](dt)}"]
-        ind = ""
-        for k, a in enumerate(p.reduce.axes):
-            out.append(f"{ind}for r{k} in range({a.lo}, {a.hi}):")
-            ind += "    "
-        out.append(f"{ind}for jj in range({width}):")
-        renv = {id(a): f"r{k}" for k, a in enumerate(p.reduce.axes)}
-        for m, env in enumerate(row_envs):
-            v = emit(p.reduce.source, {**env, **renv, **lane})
-            a = f"acc[{m * width} + jj]" if m else "acc[jj]"
-            if p.reduce.op == "sum":
-                out.append(f"{ind}    {a} = {a} + {v}")
+class _Nest:
+    """The loop nest of one annotated kernel.
+
+    Items of the parallel loop: outer spatial indices x groups of `m_group` row tiles x column
+    tiles (rows-first or columns-first by `order`). In an item: the accumulators of its row tiles
+    (tile_m x tile_n each) on the stack; the outermost reduce axis in blocks of `k_block`, each
+    block run over all the item's tiles before the next; the innermost reduce axis unrolled by
+    `k_unroll`; one loop over the tile's lanes innermost, rows written out. A last row or column
+    tile past the end is a narrower copy of the tile (a branch outside the loops): every output
+    element is stored by exactly one item.
+    """
+
+    def __init__(self, p: KernelPlan, v: dict, emit: _Emitter, lanes: int):
+        self.p, self.emit = p, emit
+        self.shape = shape = list(p.tensor.shape)
+        self.n = len(shape)
+        self.dt = p.tensor.dtype
+        self.NR = v["tile_n"]
+        self.MR = v.get("tile_m", 1) if self.n >= 2 else 1
+        self.G = v.get("m_group", 1)
+        self.U = v.get("k_unroll", 1)
+        self.rows_first = v.get("order", ["m", "n"])[0] == "m"
+        rows = shape[-2] if self.n >= 2 else 1
+        self.NT = -(-shape[-1] // self.NR)
+        self.MT = -(-rows // self.MR)
+        self.rem_n = shape[-1] - (self.NT - 1) * self.NR
+        self.rem_m = rows - (self.MT - 1) * self.MR
+        if self.MT % self.G:
+            raise ModelcError(f"m_group {self.G} does not divide the {self.MT} row tiles")
+        self.MG = self.MT // self.G
+        self.outer = shape[:-2] if self.n >= 2 else []
+        self.KB = None
+        if p.reduce is not None:
+            a0 = p.reduce.axes[0]
+            kb = v.get("k_block", a0.hi - a0.lo)
+            if kb != a0.hi - a0.lo:
+                if (a0.hi - a0.lo) % kb:
+                    raise ModelcError(f"k_block {kb} does not divide the reduce extent {a0.hi - a0.lo}")
+                self.KB = kb
+        self.tile = self.MR * self.NR
+
+    def lines(self) -> list:
+        ind = "    "
+        items = math.prod(self.outer) * self.MG * self.NT
+        body = [parallel_loop("it", items)]
+        inner = [("nt", self.NT), ("mg", self.MG)] if self.rows_first else [("mg", self.MG), ("nt", self.NT)]
+        rest = "it"
+        for name, ext in [*reversed(inner), *((f"q{d}", e) for d, e in reversed(list(enumerate(self.outer))))]:
+            body += [f"{ind}{name} = {rest} % {ext}", f"{ind}rest = {rest} // {ext}"]
+            rest = "rest"
+        body.append(f"{ind}j0 = nt * {self.NR}")
+        if self.p.reduce is not None:
+            size = self.G * self.tile
+            body += [f"{ind}acc = carray(stack_empty({size}, {ctor(self.dt)}), {size})",
+                     f"{ind}for q in range({size}):", f"{ind}    acc[q] = {_INIT[self.p.reduce.op](self.dt)}"]
+            inner_lines = self._tiles(self._reduce_tile)
+            if self.KB is not None:
+                a0 = self.p.reduce.axes[0]
+                body.append(f"{ind}for kb in range({(a0.hi - a0.lo) // self.KB}):")
+                body += ["    " + ind + ln for ln in inner_lines]
             else:
-                fn = ("fmax" if p.reduce.op == "max" else "fmin") if np.dtype(dt).kind == "f" else p.reduce.op
-                out.append(f"{ind}    {a} = {fn}({a}, {v})")
-    out.append(f"for jj in range({width}):")
-    for m, env in enumerate(row_envs):
-        e = {**env, **lane, "acc": f"acc[{m * width} + jj]" if m else "acc[jj]"}
-        idx = [e[id(a)] for a in p.axis]
-        out.append(f"    out0[{offset(idx, shape)}] = {emit(p.value, e)}")
-    return out
+                body += [ind + ln for ln in inner_lines]
+        body += [ind + ln for ln in self._tiles(self._store_tile)]
+        return body
+
+    def _tiles(self, fn) -> list:
+        """fn(rows, width) for each of the item's row tiles, under branches for narrower last tiles."""
+        out = []
+        if self.G > 1:
+            out.append(f"for g in range({self.G}):")
+            ind = "    "
+            out.append(f"{ind}mt = mg * {self.G} + g")
+        else:
+            ind = ""
+            out.append("mt = mg")
+        out.append(f"{ind}m0 = mt * {self.MR}")
+        widths = [(self.NR, f"nt < {self.NT - 1}")] + ([(self.rem_n, None)] if self.rem_n < self.NR else [])
+        heights = [(self.MR, f"mt < {self.MT - 1}")] + ([(self.rem_m, None)] if self.rem_m < self.MR else [])
+
+        def branch(opts, inner, ind):
+            if len(opts) == 1:
+                return inner(opts[0][0], ind)
+            (a, cond), (b, _) = opts
+            return [f"{ind}if {cond}:", *inner(a, ind + "    "), f"{ind}else:", *inner(b, ind + "    ")]
+
+        out += branch(heights, lambda r, i1: branch(widths, lambda w, i2: [i2 + ln for ln in fn(r, w)], i1), ind)
+        return out
+
+    def _envs(self, rows: int) -> list:
+        env = {id(a): f"q{d}" for d, a in enumerate(self.p.axis[:len(self.outer)])}
+        if self.n < 2:
+            return [env]
+        return [{**env, id(self.p.axis[-2]): f"m0 + {m}" if m else "m0"} for m in range(rows)]
+
+    def _acc(self, m: int) -> str:
+        base = [f"g * {self.tile}"] if self.G > 1 else []
+        if m:
+            base.append(str(m * self.NR))
+        return " + ".join([*base, "jj"])
+
+    def _reduce_tile(self, rows: int, width: int) -> list:
+        p, red = self.p, self.p.reduce
+        lane = {id(p.axis[-1]): "j0 + jj"}
+        out, ind = [], ""
+        axes = red.axes
+        last = len(axes) - 1
+        renv = {id(a): f"r{k}" for k, a in enumerate(axes)}
+        envs = [{**e, **renv, **lane} for e in self._envs(rows)]
+
+        def step(ind, at=None):
+            env_k = envs if at is None else [{**e, id(axes[last]): at} for e in envs]
+            lines = [f"{ind}for jj in range({width}):"]
+            for m, env in enumerate(env_k):
+                val = self.emit(red.source, env)
+                a = f"acc[{self._acc(m)}]"
+                if red.op == "sum":
+                    lines.append(f"{ind}    {a} = {a} + {val}")
+                else:
+                    fn = ("fmax" if red.op == "max" else "fmin") if np.dtype(self.dt).kind == "f" else red.op
+                    lines.append(f"{ind}    {a} = {fn}({a}, {val})")
+            return lines
+
+        for k, a in enumerate(axes):
+            lo, hi = a.lo, a.hi
+            if k == 0 and self.KB is not None:
+                lo, hi = f"{a.lo} + kb * {self.KB}", f"{a.lo} + kb * {self.KB} + {self.KB}"
+                ext = self.KB
+            else:
+                ext = a.hi - a.lo
+            if k == last and self.U > 1 and ext >= self.U:
+                main = ext - ext % self.U
+                out.append(f"{ind}for ru in range({main // self.U}):")
+                out.append(f"{ind}    r{k} = {lo} + ru * {self.U}")
+                for q in range(self.U):
+                    out += step(ind + "    ", f"r{k} + {q}" if q else None)
+                for q in range(main, ext):
+                    out += step(ind, f"{lo} + {q}")
+                return out
+            out.append(f"{ind}for r{k} in range({lo}, {hi}):")
+            ind += "    "
+        return out + step(ind)
+
+    def _store_tile(self, rows: int, width: int) -> list:
+        p = self.p
+        lane = {id(p.axis[-1]): "j0 + jj"}
+        out = [f"for jj in range({width}):"]
+        for m, env in enumerate(self._envs(rows)):
+            e = {**env, **lane, "acc": f"acc[{self._acc(m)}]"}
+            idx = [e[id(a)] for a in p.axis]
+            out.append(f"    out0[{offset(idx, self.shape)}] = {self.emit(p.value, e)}")
+        return out

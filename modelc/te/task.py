@@ -62,24 +62,82 @@ class SearchTask:
     def __repr__(self):
         return f"SearchTask({self.workload_key})"
 
+    @property
+    def plans(self) -> list:
+        from .lower import plan
+        if not hasattr(self, "_plans"):
+            self._plans = plan(self.compute_dag)
+        return self._plans
+
+    def tuning_tasks(self) -> list:
+        """One tuning task per kernel of the computation (as a model has one per fused group):
+        keyed by the hash of the kernel's document, so the same kernel declared anywhere, under
+        any name, shares its records."""
+        from ..extract import Task, workload_key as doc_key
+        from .document import flops, to_document
+        out = []
+        for p in self.plans:
+            doc = to_document(p)
+            out.append(Task(doc_key(doc), f"{self.workload_key} {p.name}", "te", doc, 1, flops(doc), pattern="te"))
+        return out
+
+    def tune(self, n_trials: int = 200, log: str = "tuning.jsonl", **options):
+        """Search the derived schedule space of each kernel with a budget of `n_trials`
+        measurements, appending records to `log` (resumable; options as `modelc.tune`)."""
+        from ..tune.tuning import tune
+        return tune(None, n_trials=n_trials, log=log, tasks=self.tuning_tasks(), **options)
+
+    def best_values(self, log: str | None) -> list:
+        """Per kernel, the knob values of its best record in `log` for this CPU (None: no record)."""
+        if log is None:
+            return [None] * len(self.plans)
+        import os
+
+        from ..tune import records as R
+        from .sketch import space
+        if not os.path.exists(log):
+            raise ModelcError(f"no tuning log at {log!r}")
+        best = R.best_by_key(R.load_records(log), R.current_target())
+        recs = [best.get((t.key, "te")) for t in self.tuning_tasks()]
+        return [None if r is None else space(p).from_values(r.config).values for r, p in zip(recs, self.plans)]
+
+    def print_best(self, log: str) -> str:
+        """Each kernel's best schedule in `log`: its measured latency, the schedule steps and the
+        loop nest they make."""
+        from ..tune import records as R
+        from .codegen import kernel_source
+        from .sketch import default_values, steps
+        best = R.best_by_key(R.load_records(log), R.current_target())
+        out = []
+        for t, p in zip(self.tuning_tasks(), self.plans):
+            r = best.get((t.key, "te"))
+            values = r.config if r is not None else default_values(p)
+            head = (f"{t.desc}: {r.cost * 1e3:.4f} ms ({t.flops / r.cost / 1e9:.1f} GFLOP/s)" if r is not None
+                    else f"{t.desc}: no record in {log}; the default schedule")
+            src, _ = kernel_source(p, values)
+            body = src[src.index("def kernel("):]
+            out += [head, *("  " + s for s in steps(p, values)), "  loop nest:",
+                    *("    " + ln for ln in body.splitlines()[1:] if "carray(ptr__" not in ln), ""]
+        return "\n".join(out)
+
     def build(self, log: str | None = None, compile: bool = True) -> "BuiltFunction":
-        """The computation compiled with the default schedule (tuning records come later);
-        compile=False defers compiling to the first call or to `build_many`."""
-        if log is not None:
-            raise ModelcError("SearchTask.build(log=...): applying tuning records to te workloads is not "
-                              "available yet (issue 15); build() uses the default schedule")
-        return BuiltFunction(self.compute_dag, compile=compile)
+        """The computation compiled with each kernel's best record in `log` for this CPU (the
+        default schedule where there is none); compile=False defers compiling to the first call or
+        to `build_many`."""
+        return BuiltFunction(self.compute_dag, compile=compile, values=self.best_values(log), plans=self.plans)
 
 
 class BuiltFunction:
     """f(*inputs) -> output(s), or f(*inputs, *outputs) writing into given arrays."""
 
-    def __init__(self, dag: ComputeDAG, compile: bool = True):
+    def __init__(self, dag: ComputeDAG, compile: bool = True, values: list | None = None,
+                 plans: list | None = None):
         from .codegen import kernel_source
         from .lower import plan
         self.dag = dag
-        self.plans = plan(dag)
-        made = [kernel_source(p) for p in self.plans]
+        self.plans = plans if plans is not None else plan(dag)
+        values = values or [None] * len(self.plans)
+        made = [kernel_source(p, v) for p, v in zip(self.plans, values)]
         self.sources = [s for s, _ in made]
         self.arguments = [ts for _, ts in made]
         self.names = [f"te stage {p.name!r}" for p in self.plans]

@@ -42,14 +42,14 @@ def _ping(req: dict) -> dict:
 
 def _handle(req: dict, refs: dict) -> dict:
     from ..kernels import cache, testing
-    from ..kernels.workload import Workload
+    from ..kernels.workload import view
     from . import cache_flush, timing
     from . import records as R
 
     if req["op"] == "ping":
         return _ping(req)
     try:                                  # a config the template cannot instantiate fails its build
-        wl = Workload(req["workload"])
+        wl = view(req["workload"])
         tpl = _template(req["template"], req.get("module"))
         cfg = tpl.space(wl).from_values(req["config"])
         kernel = tpl.build(wl, cfg)

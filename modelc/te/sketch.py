@@ -1,0 +1,150 @@
+"""The schedule space of a te kernel, derived from its loop structure (Ansor's sketch rules for CPUs).
+
+Rules, applied to the kernel plan (lower.py has already inlined elementwise stages and fused an
+output into the reduction it reads at its own indices: Ansor's always-inline and fuse-consumer):
+
+* vectorise the innermost spatial axis: it is split into tiles of whole vectors of the target
+  (`tile_n`, in elements), one constant-trip loop of lanes innermost;
+* multi-level tiling of a stage with reuse (a reduction over two or more spatial axes, "SSRSRS"):
+  the second-innermost spatial axis is split into register rows (`tile_m`; the register tile,
+  tile_m x tile_n, is a stack array written out row by row: Ansor's cache_write), row tiles are
+  grouped into one work item (`m_group`, the S1 level), the outermost reduce axis is split in
+  blocks reused by the grouped tiles (`k_block`: R0 / R1), and the innermost reduce axis is
+  unrolled (`k_unroll`);
+* every loop outside the tile is fused into one parallel loop of work items, walked rows-first or
+  columns-first (`order`);
+* an elementwise stage gets rows per item (`tile_m`) and vector tiles (`tile_n`).
+
+Annotation picks a value per knob; the default comes from the target's registers and FMA pipes
+(the GEMM's cost model), so an untuned kernel starts near a tuned one on any CPU.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import target
+from ..kernels.gemm_space import MR_CANDIDATES, model_cost
+from ..kernels.space import ConfigSpace
+from .lower import KernelPlan
+
+VECTORS = (1, 2, 3, 4)            # tile_n candidates, in vectors
+GROUPS = (1, 2, 4, 8)
+K_BLOCKS = (512, 256, 128, 64, 32)
+UNROLL = (1, 2, 4, 8)
+MAX_ELEMWISE_TILE = 64            # vectors an elementwise item stores (rows x tile_n)
+
+
+def rules(p: KernelPlan) -> list:
+    """The derivation rules that apply to a plan, in the order they shape its loop nest."""
+    n = len(p.tensor.shape)
+    out = ["vectorize-inner"]
+    if p.reduce is not None and n >= 2:
+        out.append("multi-level-tiling")
+    elif p.reduce is not None:
+        out.append("reduce-per-lane")
+    elif n >= 2:
+        out.append("row-tiles")
+    out.append("parallel-fuse")
+    return out
+
+
+def lanes_of(p: KernelPlan) -> int:
+    return target.current().lanes(np.dtype(p.tensor.dtype).itemsize)
+
+
+def space(p: KernelPlan) -> ConfigSpace:
+    shape = list(p.tensor.shape)
+    n, inner = len(shape), shape[-1]
+    tg = target.current()
+    lanes = lanes_of(p)
+    sp = ConfigSpace()
+    if inner <= lanes:
+        nrs = [inner]
+    else:
+        nrs = [v * lanes for v in VECTORS if (v - 1) * lanes < inner]
+    sp.define_knob("tile_n", nrs)
+    tiled = "multi-level-tiling" in rules(p)
+    if n >= 2:
+        rows = shape[-2]
+        mrs = [m for m in MR_CANDIDATES if m <= rows] or [rows]
+        sp.define_knob("tile_m", mrs)
+        if tiled:
+            sp.define_knob("m_group", [g for g in GROUPS if g <= -(-rows // mrs[0])])
+        sp.define_reorder("order", ["m", "n"], candidates=[["m", "n"], ["n", "m"]])
+    if p.reduce is not None:
+        ext0 = p.reduce.axes[0].hi - p.reduce.axes[0].lo
+        if tiled:
+            sp.define_knob("k_block", [ext0] + [c for c in K_BLOCKS if c < ext0 and ext0 % c == 0])
+        last = p.reduce.axes[-1].hi - p.reduce.axes[-1].lo
+        sp.define_annotate("k_unroll", [u for u in UNROLL if u <= last])
+
+    def ok(cfg):
+        v = cfg.values
+        vec = -(-v["tile_n"] // lanes)
+        mr = v.get("tile_m", 1)
+        if p.reduce is None:
+            return mr * vec <= MAX_ELEMWISE_TILE
+        if mr * vec > tg.max_tile_vectors:
+            return False                        # the accumulators would not fit the registers
+        if tiled:
+            mt = -(-shape[-2] // mr)
+            if mt % v["m_group"]:
+                return False                    # grouped tiles never repeat a tile
+            if v["k_block"] != ext0 and v["m_group"] == 1:
+                return False                    # a k block only pays when grouped tiles reuse it
+        return True
+
+    sp.constraint = ok
+    return sp
+
+
+def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
+    """The annotation an untuned kernel runs: the register tile of least modelled cost on this
+    target for a tiled reduction; a vector per tile and one row per item otherwise."""
+    sp = sp or space(p)
+    knobs = {k.name: k.values for k in sp.knobs}
+    base = {name: vals[0] for name, vals in knobs.items()}
+    if "order" in base:
+        base["order"] = ["m", "n"]
+    if "k_block" in base:
+        base["k_block"] = knobs["k_block"][0]
+    if "k_unroll" in base:
+        base["k_unroll"] = 1
+    if "multi-level-tiling" not in rules(p):
+        return base
+    shape = p.tensor.shape
+    M, N = math.prod(shape[:-1]), shape[-1]
+    K = math.prod(a.hi - a.lo for a in p.reduce.axes)
+    best, best_cost = base, None
+    for mr in knobs["tile_m"]:
+        for nr in knobs["tile_n"]:
+            vals = {**base, "tile_m": mr, "tile_n": nr}
+            if not sp.is_valid(sp.from_values(vals)):
+                continue
+            cost = (model_cost(M, K, N, 1, mr, nr) * (1.02 if shape[-2] % mr else 1.0), -mr * nr)
+            if best_cost is None or cost < best_cost:
+                best, best_cost = vals, cost
+    return best
+
+
+def steps(p: KernelPlan, v: dict) -> list:
+    """The schedule as TVM-like steps, for `print_best` and messages."""
+    shape = list(p.tensor.shape)
+    n = len(shape)
+    out = [f"rules: {', '.join(rules(p))}"]
+    lanes = lanes_of(p)
+    out.append(f"split axis {n - 1} ({shape[-1]}) by {v['tile_n']}; vectorize {min(lanes, v['tile_n'])} lanes")
+    if n >= 2:
+        out.append(f"split axis {n - 2} ({shape[-2]}) by {v['tile_m']} register rows"
+                   + (f", {v['m_group']} row tiles per item" if v.get("m_group", 1) > 1 else ""))
+    if p.reduce is not None:
+        if "k_block" in v and v["k_block"] != p.reduce.axes[0].hi - p.reduce.axes[0].lo:
+            out.append(f"split reduce axis 0 by {v['k_block']} (reused by the grouped tiles)")
+        if v.get("k_unroll", 1) > 1:
+            out.append(f"unroll reduce axis {len(p.reduce.axes) - 1} by {v['k_unroll']}")
+        out.append("cache_write: the register tile accumulates on the stack")
+    order = "rows" if v.get("order", ["m", "n"])[0] == "m" else "columns"
+    out.append(f"fuse the outer loops into one parallel loop, consecutive items along {order}")
+    return out

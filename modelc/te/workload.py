@@ -1,0 +1,46 @@
+"""A te kernel's document as the measurement and tuning machinery reads a workload.
+
+The templates' workloads (kernels/workload.py) describe fused ONNX ops; a te kernel is described by
+its document (document.py). This view gives it the same face - input and output specs, seeded
+inputs, the reference outputs (numpy's evaluation of the declaration) - so the measurer, the
+records, the cost model and the task scheduler serve te kernels unchanged.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels.workload import TensorSpec
+from .document import from_document
+
+
+class TeWorkload:
+    ops: list = []                     # no ONNX ops: nothing is fused by name
+    params: dict = {}
+
+    def __init__(self, doc: dict):
+        self.json = doc
+        self.dag, self.plan = from_document(doc)
+        self.inputs = [TensorSpec(tuple(t.shape), np.dtype(t.dtype)) for t in self.dag.inputs]
+        self.outputs = [TensorSpec(tuple(t.shape), np.dtype(t.dtype)) for t in self.dag.outputs]
+
+    def random_inputs(self, seed: int = 0) -> list:
+        """Seeded inputs; floats of order one, so a sum of K products is of order sqrt(K) and the
+        check's relative error is float32-honest; integers small (index-like)."""
+        rng = np.random.default_rng(seed)
+        out = []
+        for t in self.inputs:
+            if t.dtype.kind == "f":
+                out.append(rng.standard_normal(t.shape).astype(t.dtype))
+            elif t.dtype.kind == "b":
+                out.append(rng.integers(0, 2, t.shape).astype(bool))
+            else:
+                out.append(rng.integers(0, 4, t.shape).astype(t.dtype))
+        return out
+
+    def reference(self, inputs: list) -> list:
+        out = self.dag.evaluate(*inputs)
+        return list(out) if isinstance(out, tuple) else [out]
+
+
+def is_document(doc) -> bool:
+    return isinstance(doc, dict) and "te" in doc
