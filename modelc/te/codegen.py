@@ -17,6 +17,7 @@ from .bounds import unproven_reads
 from ..errors import ModelcError
 from .expr import Binary, Call, Cast, Const, Read, Select, Var
 from .lower import Acc, KernelPlan
+from .sketch import default_values, lanes_of, row_axis
 
 _F32 = lambda text: f"np.float32({text})"  # noqa: E731
 FAST_EXP = [imports("f32_from_bits"), "", f"@numba.njit(fastmath={FASTMATH})", "def fast_exp32(x):",
@@ -88,7 +89,6 @@ def offset(idx: list, shape) -> str:
 def kernel_source(p: KernelPlan, values: dict | None = None) -> tuple[str, list]:
     """(source, tensors): the kernel module under the annotation `values` (knob values of
     sketch.space; None: its default), and the tensors bound to its arguments, in order."""
-    from .sketch import default_values, lanes_of
     v = default_values(p) if values is None else values
     tensors = [p.tensor, *p.reads]
     names = {id(t): (f"out{k}" if k == 0 else f"in{k - 1}") for k, t in enumerate(tensors)}
@@ -107,13 +107,13 @@ def kernel_source(p: KernelPlan, values: dict | None = None) -> tuple[str, list]
 class _Nest:
     """The loop nest of one annotated kernel.
 
-    Items of the parallel loop: outer spatial indices x groups of `m_group` row tiles x column
-    tiles (rows-first or columns-first by `order`). In an item: the accumulators of its row tiles
-    (tile_m x tile_n each) on the stack; the outermost reduce axis in blocks of `k_block`, each
-    block run over all the item's tiles before the next; the innermost reduce axis unrolled by
-    `k_unroll`; one loop over the tile's lanes innermost, rows written out. A last row or column
-    tile past the end is a narrower copy of the tile (a branch outside the loops): every output
-    element is stored by exactly one item.
+    Items of the parallel loop: the other spatial indices x groups of `m_group` row tiles (rows:
+    `row_axis`) x column tiles (the last axis; rows-first or columns-first by `order`). In an item:
+    the accumulators of its row tiles (tile_m x tile_n each) on the stack; the outermost reduce axis
+    in blocks of `k_block`, each block run over all the item's tiles before the next; the innermost
+    reduce axis unrolled by `k_unroll`; one loop over the tile's lanes innermost, rows written out.
+    A last row or column tile past the end is a narrower copy of the tile (a branch outside the
+    loops): every output element is stored by exactly one item.
     """
 
     def __init__(self, p: KernelPlan, v: dict, emit: _Emitter, lanes: int):
@@ -126,7 +126,8 @@ class _Nest:
         self.G = v.get("m_group", 1)
         self.U = v.get("k_unroll", 1)
         self.rows_first = v.get("order", ["m", "n"])[0] == "m"
-        rows = shape[-2] if self.n >= 2 else 1
+        self.R = row_axis(p, v) if self.n >= 2 else None
+        rows = shape[self.R] if self.n >= 2 else 1
         self.NT = -(-shape[-1] // self.NR)
         self.MT = -(-rows // self.MR)
         self.rem_n = shape[-1] - (self.NT - 1) * self.NR
@@ -134,7 +135,8 @@ class _Nest:
         if self.MT % self.G:
             raise ModelcError(f"m_group {self.G} does not divide the {self.MT} row tiles")
         self.MG = self.MT // self.G
-        self.outer = shape[:-2] if self.n >= 2 else []
+        self.outer_axes = [d for d in range(self.n - 1) if d != self.R]
+        self.outer = [shape[d] for d in self.outer_axes]
         self.KB = None
         if p.reduce is not None:
             a0 = p.reduce.axes[0]
@@ -151,7 +153,8 @@ class _Nest:
         body = [parallel_loop("it", items)]
         inner = [("nt", self.NT), ("mg", self.MG)] if self.rows_first else [("mg", self.MG), ("nt", self.NT)]
         rest = "it"
-        for name, ext in [*reversed(inner), *((f"q{d}", e) for d, e in reversed(list(enumerate(self.outer))))]:
+        for name, ext in [*reversed(inner), *((f"q{d}", shape) for d, shape in
+                                              reversed(list(zip(self.outer_axes, self.outer))))]:
             body += [f"{ind}{name} = {rest} % {ext}", f"{ind}rest = {rest} // {ext}"]
             rest = "rest"
         body.append(f"{ind}j0 = nt * {self.NR}")
@@ -193,10 +196,10 @@ class _Nest:
         return out
 
     def _envs(self, rows: int) -> list:
-        env = {id(a): f"q{d}" for d, a in enumerate(self.p.axis[:len(self.outer)])}
+        env = {id(self.p.axis[d]): f"q{d}" for d in self.outer_axes}
         if self.n < 2:
             return [env]
-        return [{**env, id(self.p.axis[-2]): f"m0 + {m}" if m else "m0"} for m in range(rows)]
+        return [{**env, id(self.p.axis[self.R]): f"m0 + {m}" if m else "m0"} for m in range(rows)]
 
     def _acc(self, m: int) -> str:
         base = [f"g * {self.tile}"] if self.G > 1 else []

@@ -6,7 +6,7 @@ output into the reduction it reads at its own indices: Ansor's always-inline and
 * vectorise the innermost spatial axis: it is split into tiles of whole vectors of the target
   (`tile_n`, in elements), one constant-trip loop of lanes innermost;
 * multi-level tiling of a stage with reuse (a reduction over two or more spatial axes, "SSRSRS"):
-  the second-innermost spatial axis is split into register rows (`tile_m`; the register tile,
+  a spatial axis other than the last (`row_axis`) is split into register rows (`tile_m`; the tile,
   tile_m x tile_n, is a stack array written out row by row: Ansor's cache_write), row tiles are
   grouped into one work item (`m_group`, the S1 level), the outermost reduce axis is split in
   blocks reused by the grouped tiles (`k_block`: R0 / R1), and the innermost reduce axis is
@@ -27,6 +27,7 @@ import numpy as np
 from .. import target
 from ..kernels.gemm_space import MR_CANDIDATES, model_cost
 from ..kernels.space import ConfigSpace
+from .expr import Read, Var, walk
 from .lower import KernelPlan
 
 VECTORS = (1, 2, 3, 4)            # tile_n candidates, in vectors
@@ -50,6 +51,32 @@ def rules(p: KernelPlan) -> list:
     return out
 
 
+def row_axes(p: KernelPlan) -> list:
+    """Spatial axes that may give a register tile its rows: any but the last (the lanes'), of
+    extent above one (a conv's output channels as well as its output rows)."""
+    shape = p.tensor.shape
+    return [d for d in range(len(shape) - 1) if shape[d] > 1] or [len(shape) - 2]
+
+
+def row_axis(p: KernelPlan, v: dict) -> int:
+    """The row axis of an annotation (the knob exists only where there is a choice)."""
+    return v.get("row_axis", row_axes(p)[0])
+
+
+def shared_loads(p: KernelPlan, d: int) -> int:
+    """Reads of the kernel's inner expression that are vectors (they vary along the lanes) and
+    the same for every row of axis `d`: loaded once per step for all the tile's rows (B in a
+    matmul tiled over rows of A; the input in a conv tiled over output channels)."""
+    e = p.reduce.source if p.reduce is not None else p.value
+    lane, row = p.axis[-1], p.axis[d]
+    count = 0
+    for r in walk(e):
+        if isinstance(r, Read):
+            used = {id(x) for ix in r.indices for x in walk(ix) if isinstance(x, Var)}
+            count += id(lane) in used and id(row) not in used
+    return count
+
+
 def lanes_of(p: KernelPlan) -> int:
     return target.current().lanes(np.dtype(p.tensor.dtype).itemsize)
 
@@ -67,7 +94,10 @@ def space(p: KernelPlan) -> ConfigSpace:
     sp.define_knob("tile_n", nrs)
     tiled = "multi-level-tiling" in rules(p)
     if n >= 2:
-        rows = shape[-2]
+        axes = row_axes(p)
+        if len(axes) > 1:
+            sp.define_knob("row_axis", axes)
+        rows = max(shape[d] for d in axes)
         mrs = [m for m in MR_CANDIDATES if m <= rows] or [rows]
         sp.define_knob("tile_m", mrs)
         if tiled:
@@ -84,12 +114,14 @@ def space(p: KernelPlan) -> ConfigSpace:
         v = cfg.values
         vec = -(-v["tile_n"] // lanes)
         mr = v.get("tile_m", 1)
+        if n >= 2 and mr > shape[row_axis(p, v)]:
+            return False
         if p.reduce is None:
             return mr * vec <= MAX_ELEMWISE_TILE
         if mr * vec > tg.max_tile_vectors:
             return False                        # the accumulators would not fit the registers
         if tiled:
-            mt = -(-shape[-2] // mr)
+            mt = -(-shape[row_axis(p, v)] // mr)
             if mt % v["m_group"]:
                 return False                    # grouped tiles never repeat a tile
             if v["k_block"] != ext0 and v["m_group"] == 1:
@@ -112,6 +144,8 @@ def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
         base["k_block"] = knobs["k_block"][0]
     if "k_unroll" in base:
         base["k_unroll"] = 1
+    if "row_axis" in base:              # rows that share the most vector loads
+        base["row_axis"] = max(knobs["row_axis"], key=lambda d: (shared_loads(p, d), d))
     if "multi-level-tiling" not in rules(p):
         return base
     shape = p.tensor.shape
@@ -123,7 +157,7 @@ def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
             vals = {**base, "tile_m": mr, "tile_n": nr}
             if not sp.is_valid(sp.from_values(vals)):
                 continue
-            cost = (model_cost(M, K, N, 1, mr, nr) * (1.02 if shape[-2] % mr else 1.0), -mr * nr)
+            cost = (model_cost(M, K, N, 1, mr, nr) * (1.02 if shape[row_axis(p, base)] % mr else 1.0), -mr * nr)
             if best_cost is None or cost < best_cost:
                 best, best_cost = vals, cost
     return best
@@ -137,7 +171,8 @@ def steps(p: KernelPlan, v: dict) -> list:
     lanes = lanes_of(p)
     out.append(f"split axis {n - 1} ({shape[-1]}) by {v['tile_n']}; vectorize {min(lanes, v['tile_n'])} lanes")
     if n >= 2:
-        out.append(f"split axis {n - 2} ({shape[-2]}) by {v['tile_m']} register rows"
+        r = row_axis(p, v)
+        out.append(f"split axis {r} ({shape[r]}) by {v['tile_m']} register rows"
                    + (f", {v['m_group']} row tiles per item" if v.get("m_group", 1) > 1 else ""))
     if p.reduce is not None:
         if "k_block" in v and v["k_block"] != p.reduce.axes[0].hi - p.reduce.axes[0].lo:

@@ -1,0 +1,218 @@
+"""Issue 15, the search: derived schedule spaces, sampled schedules against numpy, kernels as
+documents (round trip and refusals), and tuning a te workload through the records."""
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import te_workloads as W
+
+import modelc
+from modelc import target
+from modelc.errors import ModelcError
+from modelc.target import Target
+from modelc.te.codegen import kernel_source
+from modelc.te.document import from_document, to_document
+from modelc.te.sketch import default_values, rules, space
+from modelc.te.task import BuiltFunction, build_many
+from modelc.tune import records as R
+from modelc.tune.measure import MeasureOptions
+from modelc.validate import DocumentError, check_workload
+
+AVX512 = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512dq,+avx512bw,+avx512vl", threads=2)
+AVX2 = Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2,-avx512f", threads=2)
+
+CASES = {
+    "matmul_add": (W.matmul_add, (13, 40, 70, "float32")),
+    "conv2d": (W.conv2d, (1, 3, 9, 10, 5, 3, 1, 1, 1)),
+    "softmax": (W.softmax, (5, 37)),
+    "l2_normalize": (W.l2_normalize, (7, 33)),
+    "bmm_gelu": (W.bmm_gelu, (2, 9, 20, 12)),
+    "conv1d": (W.conv1d, (2, 4, 30, 5, 3, 2)),
+    "elementwise": (W.elementwise, (6, 19)),
+}
+
+
+def task_of(name):
+    func, args = CASES[name]
+    return modelc.SearchTask(func=func, args=args)
+
+
+def inputs(dag, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(t.shape).astype(t.dtype) for t in dag.inputs]
+
+
+def close(got, want, rel=1e-5):
+    got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+    for g, w in zip(got, want):
+        scale = float(np.abs(w).max())
+        assert float(np.abs(g - w).max()) <= rel * scale
+
+
+def test_rules_follow_the_loop_structure():
+    kinds = {name: [rules(p) for p in task_of(name).plans] for name in ("matmul_add", "softmax", "elementwise")}
+    assert "multi-level-tiling" in kinds["matmul_add"][0]
+    assert all("reduce-per-lane" in r for r in kinds["softmax"][:2]) and "row-tiles" in kinds["softmax"][2]
+    assert "row-tiles" in kinds["elementwise"][0] and "multi-level-tiling" not in kinds["elementwise"][0]
+
+
+def test_space_is_derived_from_the_target():
+    """Column tiles are whole vectors of the CPU (16 float32 lanes with AVX-512, 8 with AVX2); a
+    register tile never exceeds its vector registers; grouped row tiles divide the row tiles."""
+    p = task_of("matmul_add").plans[0]
+    for tg, lanes in ((AVX512, 16), (AVX2, 8)):
+        with target.use(tg):
+            sp = space(p)
+            tiles = next(k.values for k in sp.knobs if k.name == "tile_n")
+            assert all(t % lanes == 0 for t in tiles) and lanes in tiles
+            for i in range(0, len(sp), max(1, len(sp) // 400)):
+                cfg = sp.get(i)
+                if sp.is_valid(cfg):
+                    v = cfg.values
+                    assert v["tile_m"] * -(-v["tile_n"] // lanes) <= tg.max_tile_vectors
+                    assert -(-13 // v["tile_m"]) % v["m_group"] == 0
+            assert sp.is_valid(sp.from_values(default_values(p, sp)))
+
+
+def sampled(name, n, seed):
+    """`n` random valid annotations of each of the task's kernels."""
+    rnd = random.Random(seed)
+    out = []
+    task = task_of(name)
+    for _ in range(n):
+        values = []
+        for p in task.plans:
+            sp = space(p)
+            valid = [i for i in range(len(sp)) if sp.is_valid(sp.get(i))]
+            values.append(sp.get(rnd.choice(valid)).values)
+        out.append(values)
+    return task, out
+
+
+def test_sampled_schedules_match_numpy():
+    """Every kernel of random points of each derived space (tails, groups, k blocks, unrolling,
+    both orders) against numpy's evaluation of the declaration; all compiled in one parallel batch."""
+    fns = []
+    for k, name in enumerate(CASES):
+        task, samples = sampled(name, 3, seed=k)
+        fns += [(task, BuiltFunction(task.compute_dag, compile=False, values=v, plans=task.plans)) for v in samples]
+    build_many([f for _, f in fns])
+    for task, f in fns:
+        xs = inputs(task.compute_dag, seed=1)
+        close(f(*xs), task.compute_dag.evaluate(*xs))
+
+
+def test_tail_tiles_store_each_output_once():
+    """Row and column tiles past the end are narrower copies, not shifted tiles: one item per output."""
+    from modelc.kernels import cache
+    from modelc.kernels.testing import stores_per_output
+    p = task_of("matmul_add").plans[0]
+    sp = space(p)
+    cfg = next(sp.get(i).values for i in range(len(sp)) if sp.is_valid(sp.get(i))
+               and sp.get(i)["tile_m"] == 4 and sp.get(i)["m_group"] == 1)     # 13 = 3 x 4 + 1 rows
+    src, tensors = kernel_source(p, cfg)
+    fn = cache.load(src)
+    args = [np.zeros(math.prod(t.shape), np.float32) for t in tensors]
+    assert (stores_per_output(fn, args) == 1).all()
+
+
+def test_document_round_trip_and_key():
+    for name in ("matmul_add", "conv2d", "bmm_gelu", "softmax"):
+        for p in task_of(name).plans:
+            doc = json.loads(json.dumps(to_document(p)))
+            _, q = from_document(doc)
+            assert kernel_source(q)[0] == kernel_source(p)[0]
+    t1 = task_of("matmul_add").tuning_tasks()[0]
+
+    @modelc.register_workload
+    def renamed_matmul_add(N, L, M, dtype):       # the same kernel under other names shares its key
+        return W.matmul_add(N, L, M, dtype)
+    t2 = modelc.SearchTask(func=renamed_matmul_add, args=(13, 40, 70, "float32")).tuning_tasks()[0]
+    assert t1.key == t2.key and t1.desc != t2.desc
+
+
+def _doc():
+    return to_document(task_of("matmul_add").plans[0])
+
+
+def _edit(path, value):
+    def f(d):
+        node = d
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+        return d
+    return f
+
+
+BAD_DOCS = [
+    (_edit(["te"], 2), r"workload\.te: document version 2"),
+    (_edit(["inputs", 0, "dtype"], "float32; import os"), r"inputs\[0\]\.dtype"),
+    (_edit(["inputs", 0, "shape"], [13, -1]), r"inputs\[0\]\.shape"),
+    (_edit(["stages", 0, "reduce", "op"], "prod"), r"reduce\.op: 'prod'"),
+    (_edit(["stages", 0, "reduce", "source"], ["call", "system", ["const", 1.0, "float32"]]),
+     r"reduce\.source: unknown expression"),
+    (_edit(["stages", 0, "reduce", "source"], ["input", 7, [["axis", 0], ["raxis", 0]]]), r"input 7 out of range"),
+    (_edit(["stages", 0, "reduce", "source", 3, 2], [["axis", 1], ["axis", 1]]),
+     r"stages\[0\].*index 0 of .* ranges over \[0, 69\], outside \[0, 39\]"),
+    (_edit(["stages", 0, "reduce", "source"], ["binary", "**", ["const", 1.0, "float32"], ["const", 1.0, "float32"]]),
+     r"unknown expression"),
+    (_edit(["stages", 1, "value"], ["stage", 0, [["axis", 0]]]), r"stages\[1\].*indexed with 1"),
+    (_edit(["stages", 0, "shape"], [1 << 39, 1 << 39]), r"needs .* of memory"),
+]
+
+
+@pytest.mark.parametrize("edit,message", BAD_DOCS)
+def test_bad_documents_are_refused_naming_the_field(edit, message):
+    doc = edit(json.loads(json.dumps(_doc())))
+    with pytest.raises(DocumentError, match=message):
+        check_workload(doc)
+
+
+def test_deep_documents_are_refused():
+    e = ["const", 1.0, "float32"]
+    for _ in range(300):
+        e = ["binary", "+", e, ["const", 1.0, "float32"]]
+    doc = _doc()
+    doc["stages"][1]["value"] = e
+    with pytest.raises(DocumentError, match="deeper than|nested too deeply|larger than"):
+        check_workload(json.loads(json.dumps(doc)))
+
+
+FAST = MeasureOptions(number=2, repeat=2, min_repeat_ms=0.0)
+
+
+def test_tune_resume_build_and_print_best(tmp_path):
+    """Two kernels tuned through the records; a second call resumes to the larger budget; build(log)
+    applies each kernel's best record; print_best shows the schedule; a tampered record is skipped."""
+    task = modelc.SearchTask(func=W.matmul_rownorm, args=(8, 10, 17))
+    log = str(tmp_path / "te.jsonl")
+    task.tune(n_trials=4, log=log, trials_per_round=2, measure_options=FAST, verbose=0)
+    assert len(R.load_records(log)) == 4
+    task.tune(n_trials=8, log=log, trials_per_round=2, measure_options=FAST, verbose=0)
+    recs = R.load_records(log)
+    assert len(recs) == 8 and {r.template for r in recs} == {"te"}
+    assert {r.key for r in recs} == {t.key for t in task.tuning_tasks()}
+    best = R.best_by_key(recs)
+    f = task.build(log=log)
+    for t, p, src in zip(task.tuning_tasks(), task.plans, f.sources):
+        r = best.get((t.key, "te"))
+        assert src == kernel_source(p, r.config if r else None)[0]
+    xs = inputs(task.compute_dag)
+    close(f(*xs), W.np_matmul_rownorm(*[x.astype(np.float64) for x in xs]))
+    text = task.print_best(log)
+    assert "GFLOP/s" in text and "loop nest:" in text and "multi-level-tiling" in text
+    # a record whose document was edited no longer hashes to its key: skipped, with a warning
+    line = json.loads(open(log).readline())
+    line["workload"]["stages"][0]["shape"] = [9, 10]
+    with open(log, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+    with pytest.warns(UserWarning, match="skipped 1 corrupt"):
+        assert len(R.load_records(log)) == 8
+
+
+def test_a_missing_log_is_an_error():
+    with pytest.raises(ModelcError, match="no tuning log"):
+        task_of("softmax").build(log="/nonexistent/te.jsonl")
