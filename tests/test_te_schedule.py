@@ -105,17 +105,25 @@ def test_sampled_schedules_match_numpy():
 
 
 def test_tail_tiles_store_each_output_once():
-    """Row and column tiles past the end are narrower copies, not shifted tiles: one item per output."""
+    """A last row or column tile is shifted back to end at the axis' end and stores only what the
+    tile before did not: one item per output (two would race on it from two threads)."""
     from modelc.kernels import cache
     from modelc.kernels.testing import stores_per_output
-    p = task_of("matmul_add").plans[0]
-    sp = space(p)
-    cfg = next(sp.get(i).values for i in range(len(sp)) if sp.is_valid(sp.get(i))
-               and sp.get(i)["tile_m"] == 4 and sp.get(i)["m_group"] == 1)     # 13 = 3 x 4 + 1 rows
-    src, tensors = kernel_source(p, cfg)
-    fn = cache.load(src)
-    args = [np.zeros(math.prod(t.shape), np.float32) for t in tensors]
-    assert (stores_per_output(fn, args) == 1).all()
+    plans, configs = [], []
+    for name, want in (("matmul_add", {"tile_m": 4, "tile_n": 16, "m_group": 1}),     # 13 rows, 70 columns
+                       ("matmul_add", {"tile_m": 6, "tile_n": 32, "m_group": 1, "vectorize": "spatial"}),
+                       ("conv2d", {"row_axis": 2, "tile_m": 4}),                      # 9 rows of 10
+                       ("softmax", {"vectorize": "reduce"})):
+        p = task_of(name).plans[0]
+        sp = space(p)
+        configs.append(next(sp.get(i).values for i in range(len(sp)) if sp.is_valid(sp.get(i))
+                            and all(sp.get(i).values.get(k) == v for k, v in want.items())))
+        plans.append(p)
+    made = [kernel_source(p, v) for p, v in zip(plans, configs)]
+    fns = cache.compile_all([src for src, _ in made])
+    for (src, tensors), fn, v in zip(made, fns, configs):
+        args = [np.zeros(math.prod(t.shape), np.float32) for t in tensors]
+        assert (stores_per_output(fn, args) == 1).all(), v
 
 
 def test_document_round_trip_and_key():
@@ -125,6 +133,9 @@ def test_document_round_trip_and_key():
             _, q = from_document(doc)
             assert kernel_source(q)[0] == kernel_source(p)[0]
     t1 = task_of("matmul_add").tuning_tasks()[0]
+    assert t1.flops == 13 * 70 * (2 * 40 + 1)          # multiply-adds and the + C; no index arithmetic
+    conv = task_of("conv2d").tuning_tasks()[0]          # the padding's conditions are no FLOPs either
+    assert conv.flops == 2 * 5 * 9 * 10 * 3 * 3 * 3
 
     @modelc.register_workload
     def renamed_matmul_add(N, L, M, dtype):       # the same kernel under other names shares its key

@@ -121,17 +121,20 @@ class _Nest:
         self.shape = shape = list(p.tensor.shape)
         self.n = len(shape)
         self.dt = p.tensor.dtype
-        self.NR = v["tile_n"]
+        self.vred = v.get("vectorize") == "reduce"      # lanes along the innermost reduce axis
+        self.L = lanes
+        self.NR = 1 if self.vred else v["tile_n"]
         self.MR = v.get("tile_m", 1) if self.n >= 2 else 1
         self.G = v.get("m_group", 1)
         self.U = v.get("k_unroll", 1)
         self.rows_first = v.get("order", ["m", "n"])[0] == "m"
         self.R = row_axis(p, v) if self.n >= 2 else None
-        rows = shape[self.R] if self.n >= 2 else 1
+        self.rows = rows = shape[self.R] if self.n >= 2 else 1
+        self.MR, self.NR = min(self.MR, rows), min(self.NR, shape[-1])   # a tile wider than the axis is the axis
         self.NT = -(-shape[-1] // self.NR)
         self.MT = -(-rows // self.MR)
-        self.rem_n = shape[-1] - (self.NT - 1) * self.NR
-        self.rem_m = rows - (self.MT - 1) * self.MR
+        self.shift_n = shape[-1] % self.NR != 0       # the last tile is shifted back to end at the end
+        self.shift_m = rows % self.MR != 0
         if self.MT % self.G:
             raise ModelcError(f"m_group {self.G} does not divide the {self.MT} row tiles")
         self.MG = self.MT // self.G
@@ -145,7 +148,7 @@ class _Nest:
                 if (a0.hi - a0.lo) % kb:
                     raise ModelcError(f"k_block {kb} does not divide the reduce extent {a0.hi - a0.lo}")
                 self.KB = kb
-        self.tile = self.MR * self.NR
+        self.tile = self.MR * (self.U * lanes if self.vred else self.NR)
 
     def lines(self) -> list:
         ind = "    "
@@ -157,7 +160,10 @@ class _Nest:
                                               reversed(list(zip(self.outer_axes, self.outer))))]:
             body += [f"{ind}{name} = {rest} % {ext}", f"{ind}rest = {rest} // {ext}"]
             rest = "rest"
-        body.append(f"{ind}j0 = nt * {self.NR}")
+        if self.shift_n:
+            body += [f"{ind}j0 = min(nt * {self.NR}, {self.shape[-1] - self.NR})", f"{ind}sj = nt * {self.NR} - j0"]
+        else:
+            body.append(f"{ind}j0 = nt * {self.NR}")
         if self.p.reduce is not None:
             size = self.G * self.tile
             body += [f"{ind}acc = carray(stack_empty({size}, {ctor(self.dt)}), {size})",
@@ -173,7 +179,10 @@ class _Nest:
         return body
 
     def _tiles(self, fn) -> list:
-        """fn(rows, width) for each of the item's row tiles, under branches for narrower last tiles."""
+        """fn() for each of the item's row tiles. A last tile past the end of its axis is shifted
+        back to end there (its first rows and columns were the tile before's), so every tile is
+        the same code; stores skip what the tile before stored (`sm` rows, `sj` columns), so each
+        output has one writer."""
         out = []
         if self.G > 1:
             out.append(f"for g in range({self.G}):")
@@ -182,18 +191,11 @@ class _Nest:
         else:
             ind = ""
             out.append("mt = mg")
-        out.append(f"{ind}m0 = mt * {self.MR}")
-        widths = [(self.NR, f"nt < {self.NT - 1}")] + ([(self.rem_n, None)] if self.rem_n < self.NR else [])
-        heights = [(self.MR, f"mt < {self.MT - 1}")] + ([(self.rem_m, None)] if self.rem_m < self.MR else [])
-
-        def branch(opts, inner, ind):
-            if len(opts) == 1:
-                return inner(opts[0][0], ind)
-            (a, cond), (b, _) = opts
-            return [f"{ind}if {cond}:", *inner(a, ind + "    "), f"{ind}else:", *inner(b, ind + "    ")]
-
-        out += branch(heights, lambda r, i1: branch(widths, lambda w, i2: [i2 + ln for ln in fn(r, w)], i1), ind)
-        return out
+        if self.shift_m:
+            out += [f"{ind}m0 = min(mt * {self.MR}, {self.rows - self.MR})", f"{ind}sm = mt * {self.MR} - m0"]
+        else:
+            out.append(f"{ind}m0 = mt * {self.MR}")
+        return out + [ind + ln for ln in fn()]
 
     def _envs(self, rows: int) -> list:
         env = {id(self.p.axis[d]): f"q{d}" for d in self.outer_axes}
@@ -201,13 +203,25 @@ class _Nest:
             return [env]
         return [{**env, id(self.p.axis[self.R]): f"m0 + {m}" if m else "m0"} for m in range(rows)]
 
-    def _acc(self, m: int) -> str:
+    def _acc(self, m: int, q: int = 0) -> str:
+        """Accumulator of row m (and, vectorising a reduction, of its set q) at lane jj."""
         base = [f"g * {self.tile}"] if self.G > 1 else []
-        if m:
-            base.append(str(m * self.NR))
+        at = m * self.U * self.L + q * self.L if self.vred else m * self.NR
+        if at:
+            base.append(str(at))
         return " + ".join([*base, "jj"])
 
-    def _reduce_tile(self, rows: int, width: int) -> list:
+    def _update(self, a: str, val: str) -> str:
+        op = self.p.reduce.op
+        if op == "sum":
+            return f"{a} = {a} + {val}"
+        fn = ("fmax" if op == "max" else "fmin") if np.dtype(self.dt).kind == "f" else op
+        return f"{a} = {fn}({a}, {val})"
+
+    def _reduce_tile(self) -> list:
+        rows, width = self.MR, self.NR
+        if self.vred:
+            return self._reduce_lanes(rows)
         p, red = self.p, self.p.reduce
         lane = {id(p.axis[-1]): "j0 + jj"}
         out, ind = [], ""
@@ -220,13 +234,7 @@ class _Nest:
             env_k = envs if at is None else [{**e, id(axes[last]): at} for e in envs]
             lines = [f"{ind}for jj in range({width}):"]
             for m, env in enumerate(env_k):
-                val = self.emit(red.source, env)
-                a = f"acc[{self._acc(m)}]"
-                if red.op == "sum":
-                    lines.append(f"{ind}    {a} = {a} + {val}")
-                else:
-                    fn = ("fmax" if red.op == "max" else "fmin") if np.dtype(self.dt).kind == "f" else red.op
-                    lines.append(f"{ind}    {a} = {fn}({a}, {val})")
+                lines.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', self.emit(red.source, env))}")
             return lines
 
         for k, a in enumerate(axes):
@@ -249,12 +257,58 @@ class _Nest:
             ind += "    "
         return out + step(ind)
 
-    def _store_tile(self, rows: int, width: int) -> list:
-        p = self.p
+    def _reduce_lanes(self, rows: int) -> list:
+        """One output per row, the innermost reduce axis in vectors: `k_unroll` sets of lanes
+        (independent chains of adds), summed when stored. Ansor's rfactor, for reductions along
+        contiguous memory (a row's sum, max or norm)."""
+        p, red = self.p, self.p.reduce
+        axes = red.axes
+        last, step = len(axes) - 1, self.U * self.L
+        out, ind = [], ""
+        renv = {id(a): f"r{k}" for k, a in enumerate(axes)}
+        envs = [{**e, **renv, id(p.axis[-1]): "j0"} for e in self._envs(rows)]
+        for k, a in enumerate(axes[:-1]):
+            out.append(f"{ind}for r{k} in range({a.lo}, {a.hi}):")
+            ind += "    "
+        a = axes[last]
+        ext = a.hi - a.lo
+        main = ext - ext % step
+        if main:
+            out += [f"{ind}for rv in range({main // step}):", f"{ind}    rb = {a.lo} + rv * {step}",
+                    f"{ind}    for jj in range({self.L}):"]
+            for q in range(self.U):
+                at = f"rb + {q * self.L} + jj" if q else "rb + jj"
+                for m, env in enumerate(envs):
+                    v = self.emit(red.source, {**env, id(a): at})
+                    out.append(f"{ind}        {self._update(f'acc[{self._acc(m, q)}]', v)}")
+        if ext % step:
+            out.append(f"{ind}for jj in range({ext % step}):")
+            for m, env in enumerate(envs):
+                v = self.emit(red.source, {**env, id(a): f"{a.lo + main} + jj"})
+                out.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', v)}")
+        return out
+
+    def _store_tile(self) -> list:
+        p, rows = self.p, self.MR
+        most = (self.MR - self.rows % self.MR) if self.shift_m else 0     # the largest skip: rows
+        guard = (lambda m, lines: [f"if sm <= {m}:", *("    " + ln for ln in lines)] if m < most else lines)
+        if self.vred:
+            out = []
+            for m, env in enumerate(self._envs(rows)):
+                s = f"s{m}"
+                e = {**env, id(p.axis[-1]): "j0", "acc": s}
+                idx = [e[id(a)] for a in p.axis]
+                out += guard(m, [f"{s} = {_INIT[p.reduce.op](self.dt)}", f"for jj in range({self.U * self.L}):",
+                                 f"    {self._update(s, f'acc[{self._acc(m)}]')}",
+                                 f"out0[{offset(idx, self.shape)}] = {self.emit(p.value, e)}"])
+            return out
         lane = {id(p.axis[-1]): "j0 + jj"}
-        out = [f"for jj in range({width}):"]
+        head = f"for jj in range(sj, {self.NR}):" if self.shift_n else f"for jj in range({self.NR}):"
+        stores = []
         for m, env in enumerate(self._envs(rows)):
             e = {**env, **lane, "acc": f"acc[{self._acc(m)}]"}
             idx = [e[id(a)] for a in p.axis]
-            out.append(f"    out0[{offset(idx, self.shape)}] = {self.emit(p.value, e)}")
-        return out
+            stores.append(f"out0[{offset(idx, self.shape)}] = {self.emit(p.value, e)}")
+        if not most:
+            return [head, *("    " + st for st in stores)]
+        return [ln for m, st in enumerate(stores) for ln in guard(m, [head, "    " + st])]

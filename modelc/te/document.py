@@ -209,12 +209,15 @@ def _decode(e, axis, raxes, inputs, stages, path, depth=0):
 
 
 def flops(doc) -> int:
-    """Arithmetic operations of a (valid) document's kernel."""
+    """Floating-point operations of a (valid) document's kernel: arithmetic on values, not on
+    indices or conditions (a conv's padding test is no FLOP)."""
     _, p = from_document(doc)
+
+    def count(e):
+        return sum(isinstance(x, (Binary, Call)) and x.dtype.startswith("float") for x in walk(e))
     points = math.prod(p.tensor.shape)
-    total = 0
+    total = points * count(p.value)
     if p.reduce is not None:
         n = math.prod(a.hi - a.lo for a in p.reduce.axes)
-        total += points * n * (1 + sum(isinstance(x, (Binary, Call)) for x in walk(p.reduce.source)))
-    total += points * sum(isinstance(x, (Binary, Call)) for x in walk(p.value))
+        total += points * n * (1 + count(p.reduce.source))
     return int(total)

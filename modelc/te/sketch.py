@@ -13,6 +13,8 @@ output into the reduction it reads at its own indices: Ansor's always-inline and
   unrolled (`k_unroll`);
 * every loop outside the tile is fused into one parallel loop of work items, walked rows-first or
   columns-first (`order`);
+* rfactor: a reduction whose innermost axis runs along contiguous memory may put the lanes on it
+  instead (`vectorize`), with `k_unroll` independent sets of lanes summed at the store;
 * an elementwise stage gets rows per item (`tile_m`) and vector tiles (`tile_n`).
 
 Annotation picks a value per knob; the default comes from the target's registers and FMA pipes
@@ -45,6 +47,8 @@ def rules(p: KernelPlan) -> list:
         out.append("multi-level-tiling")
     elif p.reduce is not None:
         out.append("reduce-per-lane")
+    if p.reduce is not None and reduce_vectorizable(p):
+        out.append("rfactor")
     elif n >= 2:
         out.append("row-tiles")
     out.append("parallel-fuse")
@@ -77,6 +81,27 @@ def shared_loads(p: KernelPlan, d: int) -> int:
     return count
 
 
+def _contiguous_along(p: KernelPlan, var) -> bool:
+    """Whether some read of the kernel's inner expression moves along its last (contiguous)
+    dimension with `var`."""
+    e = p.reduce.source if p.reduce is not None else p.value
+    return any(isinstance(r, Read) and any(x is var for x in walk(r.indices[-1])) for r in walk(e))
+
+
+def _strided_reads(p: KernelPlan, var) -> int:
+    """Reads that would be gathers with the lanes on `var`: they move with it along a dimension
+    other than their last."""
+    e = p.reduce.source if p.reduce is not None else p.value
+    return sum(isinstance(r, Read) and any(x is var for ix in r.indices[:-1] for x in walk(ix)) for r in walk(e))
+
+
+def reduce_vectorizable(p: KernelPlan) -> bool:
+    """Ansor's rfactor rule, for CPUs: a reduction whose innermost axis runs along contiguous memory
+    for some read and spans at least a vector may put the lanes on it (a row's sum or max)."""
+    a = p.reduce.axes[-1]
+    return a.hi - a.lo >= lanes_of(p) and _contiguous_along(p, a)
+
+
 def lanes_of(p: KernelPlan) -> int:
     return target.current().lanes(np.dtype(p.tensor.dtype).itemsize)
 
@@ -105,6 +130,8 @@ def space(p: KernelPlan) -> ConfigSpace:
         sp.define_reorder("order", ["m", "n"], candidates=[["m", "n"], ["n", "m"]])
     if p.reduce is not None:
         ext0 = p.reduce.axes[0].hi - p.reduce.axes[0].lo
+        if reduce_vectorizable(p):
+            sp.define_knob("vectorize", ["spatial", "reduce"])
         if tiled:
             sp.define_knob("k_block", [ext0] + [c for c in K_BLOCKS if c < ext0 and ext0 % c == 0])
         last = p.reduce.axes[-1].hi - p.reduce.axes[-1].lo
@@ -116,6 +143,10 @@ def space(p: KernelPlan) -> ConfigSpace:
         mr = v.get("tile_m", 1)
         if n >= 2 and mr > shape[row_axis(p, v)]:
             return False
+        if v.get("vectorize") == "reduce":       # one output per row: no column tiles, no k blocks
+            return (v["tile_n"] == nrs[0] and v.get("k_block", ext0) == ext0
+                    and mr * v["k_unroll"] <= tg.max_tile_vectors
+                    and (not tiled or -(-shape[row_axis(p, v)] // mr) % v["m_group"] == 0))
         if p.reduce is None:
             return mr * vec <= MAX_ELEMWISE_TILE
         if mr * vec > tg.max_tile_vectors:
@@ -146,6 +177,13 @@ def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
         base["k_unroll"] = 1
     if "row_axis" in base:              # rows that share the most vector loads
         base["row_axis"] = max(knobs["row_axis"], key=lambda d: (shared_loads(p, d), d))
+    if "vectorize" in base:
+        strided = _strided_reads(p, p.axis[-1]) > _strided_reads(p, p.reduce.axes[-1])
+        base["vectorize"] = "reduce" if strided else "spatial"
+        if base["vectorize"] == "reduce":   # independent chains to cover the FMA latency
+            tg = target.current()
+            base["k_unroll"] = max(u for u in knobs["k_unroll"] if u <= max(1, tg.accumulators_in_flight // 2))
+            return base
     if "multi-level-tiling" not in rules(p):
         return base
     shape = p.tensor.shape
