@@ -291,7 +291,9 @@ class _Nest:
     def _store_tile(self) -> list:
         p, rows = self.p, self.MR
         most = (self.MR - self.rows % self.MR) if self.shift_m else 0     # the largest skip: rows
-        guard = (lambda m, lines: [f"if sm <= {m}:", *("    " + ln for ln in lines)] if m < most else lines)
+
+        def guard(m, lines):
+            return [f"if sm <= {m}:", *("    " + ln for ln in lines)] if m < most else lines
         if self.vred:
             out = []
             for m, env in enumerate(self._envs(rows)):
