@@ -128,3 +128,23 @@ def test_without_records_compile_uses_the_direct_conv(tmp_path):
     _model(path)
     mod = modelc.compile(path)
     assert [s["template"] for s in mod.program["steps"] if s["pattern"].startswith("conv")] == ["conv2d"]
+
+
+def test_every_output_is_stored_by_exactly_one_item():
+    """Tile rows and columns (10 x 9 outputs in 4 x 4 or 2 x 2 tiles), groups of tiles (9 tiles in
+    twos) and channel blocks (3 blocks in twos) that would pass the end are shifted back; only the
+    one that owns an output stores it. A shifted tile computes an output with other transform
+    weights than the tile before (another rounding), so two writers made the result depend on which
+    thread stored last. Each item is run alone on an output full of NaN, to count who stores what."""
+    wl = conv2d_wl(C=16, H=10, W=9, K=48, k=3, s=1, p=1, hin=1, hout=0, residual=True)
+    space = WINO.space(wl)
+    default = WINO.default_config(wl, space)
+    from modelc.kernels.conv_geometry import conv_geometry
+    n_blocks = 48 // conv_geometry(wl).KB                 # 3 of 16 channels (AVX-512), 6 of 8 (AVX2)
+    blocks = next(b for b in reversed(space.knobs[2].values) if n_blocks % b)
+    for m in space.knobs[0].values:
+        cfg = space.from_values(dict(default.values, tile_size=m, tile_tiles=2, tile_oc_blocks=blocks))
+        got, want, fn, args = testing.run(wl, WINO, cfg)
+        assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+        writers = testing.stores_per_output(fn, args)
+        assert writers.min() == 1 and writers.max() == 1, (str(cfg), np.bincount(writers))

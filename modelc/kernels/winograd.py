@@ -13,7 +13,8 @@ input tiles are transformed (V = B^T d B) into a buffer on the stack, then for e
 (m+2)^2 transform points a TT x KT register tile accumulates V x U over the input channels (a
 small GEMM per point, written like conv2d's inner loop so LLVM vectorises it), and the output
 transform Y = A^T M A, the fused epilogue and the store finish the tile. A last tile or group
-that would pass the end is shifted back (it recomputes, never branches), as in conv2d.
+that would pass the end is shifted back (it recomputes) and stores only what the one before it did
+not, as in conv2d: every output has one writer.
 
 Untuned modules use the direct conv (as TVM's x86 strategy and oneDNN's default do): whether
 Winograd pays depends on the shape and the machine, so tuning decides by measurement - a conv
@@ -233,11 +234,27 @@ class Conv2dWinograd(Template):
             body += [f"        for q in range({TT * KT}):",
                      f"            acc[np.uintp(xi * {TT * KT} + q)] = rt[q]"]
 
-        # output transform, epilogue and store: channel k = (ko0 + blk) * KB + jj
+        # output transform, epilogue and store: channel k = (ko0 + blk) * KB + jj. A shifted
+        # group, tile or channel block stores only what the one before it did not: two items
+        # storing one output race, and a tile computes it with other transform weights than the
+        # tile before (another rounding), so the module's result would change from run to run.
         out = wl.outputs[0]
         ops = wl.epilogue
-        body += [f"    for t in range({TT}):"] + tile_origin(8)
-        body += [f"        for blk in range({mb}):", f"            for jj in range({KB}):"]
+        t0 = "0"
+        if NT % TT:
+            body.append(f"    tskip = g * {TT} - q0")
+            t0 = "tskip"
+        b0 = "0"
+        if KBLK % mb:
+            body.append(f"    bskip = ko * {mb} - ko0")
+            b0 = "bskip"
+        body += [f"    for t in range({t0}, {TT}):"] + tile_origin(8)
+        most_y, most_x = (m - OH % m) % m, (m - OW % m) % m      # the largest overlap of a shifted tile
+        if most_y:
+            body.append(f"        sy = (q // {NTW}) * {m} - oy")
+        if most_x:
+            body.append(f"        sx = (q % {NTW}) * {m} - ox")
+        body += [f"        for blk in range({b0}, {mb}):", f"            for jj in range({KB}):"]
         p3 = " " * 16
         for i in range(a):
             for j in range(a):
@@ -254,8 +271,11 @@ class Conv2dWinograd(Template):
                 idx = ["n", ("ko0 + blk", "jj", KB), f"oy + {dy}", f"ox + {dx}"]
                 lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
                                         var=f"e{dy}_{dx}_", unsigned=True)
+                lines = [*lines, f"out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
+                cond = [c for c, on in ((f"sy <= {dy}", dy < most_y), (f"sx <= {dx}", dx < most_x)) if on]
+                if cond:
+                    lines = [f"if {' and '.join(cond)}:", *("    " + ln for ln in lines)]
                 body += [p3 + ln for ln in lines]
-                body.append(f"{p3}out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
 
         def pack_weights(w):                                                      # [K, C, 3, 3]
             u = np.einsum("ik,ockl,jl->ijoc", G, w.astype(np.float64), G).reshape(A2, g.K, C)

@@ -47,10 +47,10 @@ def rules(p: KernelPlan) -> list:
         out.append("multi-level-tiling")
     elif p.reduce is not None:
         out.append("reduce-per-lane")
-    if p.reduce is not None and reduce_vectorizable(p):
-        out.append("rfactor")
     elif n >= 2:
         out.append("row-tiles")
+    if p.reduce is not None and reduce_vectorizable(p):
+        out.append("rfactor")
     out.append("parallel-fuse")
     return out
 
