@@ -112,7 +112,8 @@ def test_tail_tiles_store_each_output_once():
     plans, configs = [], []
     for name, want in (("matmul_add", {"tile_m": 4, "tile_n": 16, "m_group": 1}),     # 13 rows, 70 columns
                        ("matmul_add", {"tile_m": 6, "tile_n": 32, "m_group": 1, "vectorize": "spatial"}),
-                       ("conv2d", {"row_axis": 2, "tile_m": 4}),                      # 9 rows of 10
+                       ("conv2d", {"row_axis": 2, "tile_m": 4, "row_axis2": -1}),    # 9 rows of 10
+                       ("conv2d", {"row_axis": 1, "tile_m": 2, "row_axis2": 2, "tile_m2": 4}),  # 5 channels x 9 rows
                        ("softmax", {"vectorize": "reduce"})):
         p = task_of(name).plans[0]
         sp = space(p)

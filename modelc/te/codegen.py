@@ -138,7 +138,12 @@ class _Nest:
         if self.MT % self.G:
             raise ModelcError(f"m_group {self.G} does not divide the {self.MT} row tiles")
         self.MG = self.MT // self.G
-        self.outer_axes = [d for d in range(self.n - 1) if d != self.R]
+        # a second axis of register rows (Ansor tiles every spatial axis): its tiles are items
+        self.R2 = v.get("row_axis2", -1) if self.n >= 2 else -1
+        self.MR2 = min(v.get("tile_m2", 1), shape[self.R2]) if self.R2 >= 0 else 1
+        self.MT2 = -(-shape[self.R2] // self.MR2) if self.R2 >= 0 else 1
+        self.shift_m2 = self.R2 >= 0 and shape[self.R2] % self.MR2 != 0
+        self.outer_axes = [d for d in range(self.n - 1) if d not in (self.R, self.R2)]
         self.outer = [shape[d] for d in self.outer_axes]
         self.KB = None
         if p.reduce is not None:
@@ -148,13 +153,16 @@ class _Nest:
                 if (a0.hi - a0.lo) % kb:
                     raise ModelcError(f"k_block {kb} does not divide the reduce extent {a0.hi - a0.lo}")
                 self.KB = kb
-        self.tile = self.MR * (self.U * lanes if self.vred else self.NR)
+        self.nrows = self.MR * self.MR2
+        self.tile = self.nrows * (self.U * lanes if self.vred else self.NR)
 
     def lines(self) -> list:
         ind = "    "
-        items = math.prod(self.outer) * self.MG * self.NT
+        items = math.prod(self.outer) * self.MG * self.NT * self.MT2
         body = [parallel_loop("it", items)]
         inner = [("nt", self.NT), ("mg", self.MG)] if self.rows_first else [("mg", self.MG), ("nt", self.NT)]
+        if self.R2 >= 0:
+            inner.insert(0, ("m2t", self.MT2))
         rest = "it"
         for name, ext in [*reversed(inner), *((f"q{d}", shape) for d, shape in
                                               reversed(list(zip(self.outer_axes, self.outer))))]:
@@ -164,6 +172,11 @@ class _Nest:
             body += [f"{ind}j0 = min(nt * {self.NR}, {self.shape[-1] - self.NR})", f"{ind}sj = nt * {self.NR} - j0"]
         else:
             body.append(f"{ind}j0 = nt * {self.NR}")
+        if self.shift_m2:
+            ext = self.shape[self.R2]
+            body += [f"{ind}m20 = min(m2t * {self.MR2}, {ext - self.MR2})", f"{ind}s2 = m2t * {self.MR2} - m20"]
+        elif self.R2 >= 0:
+            body.append(f"{ind}m20 = m2t * {self.MR2}")
         if self.p.reduce is not None:
             size = self.G * self.tile
             body += [f"{ind}acc = carray(stack_empty({size}, {ctor(self.dt)}), {size})",
@@ -197,11 +210,26 @@ class _Nest:
             out.append(f"{ind}m0 = mt * {self.MR}")
         return out + [ind + ln for ln in fn()]
 
-    def _envs(self, rows: int) -> list:
+    def _envs(self, rows: int | None = None) -> list:
+        """The index environment of each register row (row-axis rows x second-axis rows)."""
         env = {id(self.p.axis[d]): f"q{d}" for d in self.outer_axes}
         if self.n < 2:
             return [env]
-        return [{**env, id(self.p.axis[self.R]): f"m0 + {m}" if m else "m0"} for m in range(rows)]
+        out = []
+        for m in range(self.nrows):
+            m1, m2 = divmod(m, self.MR2)
+            e = {**env, id(self.p.axis[self.R]): f"m0 + {m1}" if m1 else "m0"}
+            if self.R2 >= 0:
+                e[id(self.p.axis[self.R2])] = f"m20 + {m2}" if m2 else "m20"
+            out.append(e)
+        return out
+
+    def _owned(self, m: int) -> list:
+        """Conditions for row m to be this tile's (a shifted tile skips rows the one before stored)."""
+        m1, m2 = divmod(m, self.MR2)
+        most1 = (self.MR - self.rows % self.MR) if self.shift_m else 0
+        most2 = (self.MR2 - self.shape[self.R2] % self.MR2) if self.shift_m2 else 0
+        return [c for c, on in ((f"sm <= {m1}", m1 < most1), (f"s2 <= {m2}", m2 < most2)) if on]
 
     def _acc(self, m: int, q: int = 0) -> str:
         """Accumulator of row m (and, vectorising a reduction, of its set q) at lane jj."""
@@ -219,7 +247,7 @@ class _Nest:
         return f"{a} = {fn}({a}, {val})"
 
     def _reduce_tile(self) -> list:
-        rows, width = self.MR, self.NR
+        rows, width = self.nrows, self.NR
         if self.vred:
             return self._reduce_lanes(rows)
         p, red = self.p, self.p.reduce
@@ -289,14 +317,14 @@ class _Nest:
         return out
 
     def _store_tile(self) -> list:
-        p, rows = self.p, self.MR
-        most = (self.MR - self.rows % self.MR) if self.shift_m else 0     # the largest skip: rows
+        p = self.p
 
         def guard(m, lines):
-            return [f"if sm <= {m}:", *("    " + ln for ln in lines)] if m < most else lines
+            cond = self._owned(m)
+            return [f"if {' and '.join(cond)}:", *("    " + ln for ln in lines)] if cond else lines
         if self.vred:
             out = []
-            for m, env in enumerate(self._envs(rows)):
+            for m, env in enumerate(self._envs()):
                 s = f"s{m}"
                 e = {**env, id(p.axis[-1]): "j0", "acc": s}
                 idx = [e[id(a)] for a in p.axis]
@@ -307,10 +335,10 @@ class _Nest:
         lane = {id(p.axis[-1]): "j0 + jj"}
         head = f"for jj in range(sj, {self.NR}):" if self.shift_n else f"for jj in range({self.NR}):"
         stores = []
-        for m, env in enumerate(self._envs(rows)):
+        for m, env in enumerate(self._envs()):
             e = {**env, **lane, "acc": f"acc[{self._acc(m)}]"}
             idx = [e[id(a)] for a in p.axis]
             stores.append(f"out0[{offset(idx, self.shape)}] = {self.emit(p.value, e)}")
-        if not most:
+        if not any(self._owned(m) for m in range(self.nrows)):
             return [head, *("    " + st for st in stores)]
         return [ln for m, st in enumerate(stores) for ln in guard(m, [head, "    " + st])]

@@ -7,7 +7,8 @@ output into the reduction it reads at its own indices: Ansor's always-inline and
   (`tile_n`, in elements), one constant-trip loop of lanes innermost;
 * multi-level tiling of a stage with reuse (a reduction over two or more spatial axes, "SSRSRS"):
   a spatial axis other than the last (`row_axis`) is split into register rows (`tile_m`; the tile,
-  tile_m x tile_n, is a stack array written out row by row: Ansor's cache_write), row tiles are
+  tile_m x tile_n, is a stack array written out row by row: Ansor's cache_write; `row_axis2` and
+  `tile_m2` add rows along a second axis, as a conv's output pixels x channel blocks), row tiles are
   grouped into one work item (`m_group`, the S1 level), the outermost reduce axis is split in
   blocks reused by the grouped tiles (`k_block`: R0 / R1), and the innermost reduce axis is
   unrolled (`k_unroll`);
@@ -33,6 +34,7 @@ from .expr import Read, Var, walk
 from .lower import KernelPlan
 
 VECTORS = (1, 2, 3, 4)            # tile_n candidates, in vectors
+SECOND_ROWS = (1, 2, 3, 4)        # tile_m2 candidates
 GROUPS = (1, 2, 4, 8)
 K_BLOCKS = (512, 256, 128, 64, 32)
 UNROLL = (1, 2, 4, 8)
@@ -127,6 +129,9 @@ def space(p: KernelPlan) -> ConfigSpace:
         sp.define_knob("tile_m", mrs)
         if tiled:
             sp.define_knob("m_group", [g for g in GROUPS if g <= -(-rows // mrs[0])])
+            if len(axes) > 1:       # register rows along a second axis too (-1: none)
+                sp.define_knob("row_axis2", [-1, *axes])
+                sp.define_knob("tile_m2", [t for t in SECOND_ROWS if t <= rows])
         sp.define_reorder("order", ["m", "n"], candidates=[["m", "n"], ["n", "m"]])
     if p.reduce is not None:
         ext0 = p.reduce.axes[0].hi - p.reduce.axes[0].lo
@@ -143,20 +148,25 @@ def space(p: KernelPlan) -> ConfigSpace:
         mr = v.get("tile_m", 1)
         if n >= 2 and mr > shape[row_axis(p, v)]:
             return False
+        rows = mr                               # register rows: tile_m x tile_m2
+        r2 = v.get("row_axis2", -1)
+        if r2 >= 0:
+            if r2 == row_axis(p, v) or v["tile_m2"] < 2 or v["tile_m2"] > shape[r2]:
+                return False
+            rows *= v["tile_m2"]
+        elif v.get("tile_m2", 1) != 1:
+            return False
+        if tiled and -(-shape[row_axis(p, v)] // mr) % v["m_group"]:
+            return False                        # grouped tiles never repeat a tile
         if v.get("vectorize") == "reduce":       # one output per row: no column tiles, no k blocks
             return (v["tile_n"] == nrs[0] and v.get("k_block", ext0) == ext0
-                    and mr * v["k_unroll"] <= tg.max_tile_vectors
-                    and (not tiled or -(-shape[row_axis(p, v)] // mr) % v["m_group"] == 0))
+                    and rows * v["k_unroll"] <= tg.max_tile_vectors)
         if p.reduce is None:
-            return mr * vec <= MAX_ELEMWISE_TILE
-        if mr * vec > tg.max_tile_vectors:
+            return rows * vec <= MAX_ELEMWISE_TILE
+        if rows * vec > tg.max_tile_vectors:
             return False                        # the accumulators would not fit the registers
-        if tiled:
-            mt = -(-shape[row_axis(p, v)] // mr)
-            if mt % v["m_group"]:
-                return False                    # grouped tiles never repeat a tile
-            if v["k_block"] != ext0 and v["m_group"] == 1:
-                return False                    # a k block only pays when grouped tiles reuse it
+        if tiled and v["k_block"] != ext0 and v["m_group"] == 1:
+            return False                        # a k block only pays when grouped tiles reuse it
         return True
 
     sp.constraint = ok
@@ -175,6 +185,8 @@ def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
         base["k_block"] = knobs["k_block"][0]
     if "k_unroll" in base:
         base["k_unroll"] = 1
+    if "row_axis2" in base:
+        base["row_axis2"], base["tile_m2"] = -1, 1
     if "row_axis" in base:              # rows that share the most vector loads
         base["row_axis"] = max(knobs["row_axis"], key=lambda d: (shared_loads(p, d), d))
     if "vectorize" in base:
@@ -212,6 +224,10 @@ def steps(p: KernelPlan, v: dict) -> list:
         r = row_axis(p, v)
         out.append(f"split axis {r} ({shape[r]}) by {v['tile_m']} register rows"
                    + (f", {v['m_group']} row tiles per item" if v.get("m_group", 1) > 1 else ""))
+        if v.get("row_axis2", -1) >= 0:
+            r2 = v["row_axis2"]
+            out.append(f"split axis {r2} ({shape[r2]}) by {v['tile_m2']} more register rows "
+                       f"(a tile of {v['tile_m'] * v['tile_m2']} rows)")
     if p.reduce is not None:
         if "k_block" in v and v["k_block"] != p.reduce.axes[0].hi - p.reduce.axes[0].lo:
             out.append(f"split reduce axis 0 by {v['k_block']} (reused by the grouped tiles)")
