@@ -87,6 +87,20 @@ def depthwise_bias_clip(N, C, H, W, R, stride, pad):
     return [X, Wt, bias, out]
 
 
+@modelc.register_workload
+def depthwise_nchwc_bias_clip(N, CO, H, W, R, cb):
+    """The depthwise conv in the template's layout: channel blocks of a vector, input padded."""
+    X = te.placeholder((N, CO, H + R - 1, W + R - 1, cb), name="X")
+    Wt = te.placeholder((CO, R, R, cb), name="W")
+    bias = te.placeholder((CO, cb), name="bias")
+    ry, rx = te.reduce_axis((0, R), "ry"), te.reduce_axis((0, R), "rx")
+    dw = te.compute((N, CO, H, W, cb), lambda n, c, y, x, ci: te.sum(
+        X[n, c, y + ry, x + rx, ci] * Wt[c, ry, rx, ci], axis=[ry, rx]), name="dw")
+    out = te.compute((N, CO, H, W, cb), lambda n, c, y, x, ci: te.min(te.max(dw[n, c, y, x, ci] + bias[c, ci], 0.0),
+                                                                      6.0), name="clip")
+    return [X, Wt, bias, out]
+
+
 def conv_model(C, H, K, R, pad, stride=1, group=1, act="Relu"):
     """One ONNX Conv (+ bias) and its activation (Relu, or Clip to [0, 6]) with seeded weights."""
     from onnx import TensorProto, helper, numpy_helper
@@ -119,10 +133,13 @@ def versus_template(args, case: str):
     from modelc.tune.tuning import tune, tuning_tasks
     func, shape, model, template, flops, title = CASES[case]
     declared = [("te, derived (NCHW)", func, shape, f"{case}_te.jsonl")]
+    lanes = target.current().lanes(4)
     if case == "conv":
-        lanes = target.current().lanes(4)
         declared.append(("te, derived (NCHWc, padded)", conv2d_nchwc_bias_relu,
                          (1, 64 // lanes, 56, 56, 64 // lanes, 3, lanes, lanes), "conv_te_nchwc.jsonl"))
+    if case == "depthwise":
+        declared.append(("te, derived (NCHWc, padded)", depthwise_nchwc_bias_clip,
+                         (1, 144 // lanes, 56, 56, 3, lanes), "depthwise_te_nchwc.jsonl"))
     te_best = []
     for name, func, shape, log in declared:
         task = modelc.SearchTask(func=func, args=shape)

@@ -228,3 +228,21 @@ def test_tune_resume_build_and_print_best(tmp_path):
 def test_a_missing_log_is_an_error():
     with pytest.raises(ModelcError, match="no tuning log"):
         task_of("softmax").build(log="/nonexistent/te.jsonl")
+
+
+def test_cost_model_features_come_from_the_loop_nest():
+    """The te template tells the cost model what the loop nest does: one row of a matmul tile
+    loads a vector of B per multiply-add, eight rows share it; conv's padding is a guard."""
+    from modelc.te.sketch import loop_features
+    from modelc.tune.features import N_FEATURES, config_features
+    task = task_of("matmul_add").tuning_tasks()[0]
+    sp, p = task.space, task.wl.plan
+    one = next(sp.get(i) for i in range(len(sp)) if sp.is_valid(sp.get(i)) and sp.get(i)["tile_m"] == 1
+               and sp.get(i)["tile_n"] == 16 and sp.get(i).values.get("vectorize") == "spatial")
+    eight = sp.from_values(dict(one.values, tile_m=8))
+    assert loop_features(p, one.values)["loads_per_fma"] == 2.0        # A broadcast + B vector per FMA
+    assert loop_features(p, eight.values)["loads_per_fma"] == 9 / 8
+    a, b = (config_features(task.tpl, task.wl, c, task.flops) for c in (one, eight))
+    assert a.shape == (N_FEATURES,) and not np.array_equal(a, b)
+    conv = task_of("conv2d").plans[0]
+    assert loop_features(conv, default_values(conv))["guards"] == 1

@@ -30,7 +30,7 @@ import numpy as np
 from .. import target
 from ..kernels.gemm_space import MR_CANDIDATES, model_cost
 from ..kernels.space import ConfigSpace
-from .expr import Read, Var, walk
+from .expr import Read, Select, Var, walk
 from .lower import KernelPlan
 
 VECTORS = (1, 2, 3, 4)            # tile_n candidates, in vectors
@@ -237,3 +237,44 @@ def steps(p: KernelPlan, v: dict) -> list:
     order = "rows" if v.get("order", ["m", "n"])[0] == "m" else "columns"
     out.append(f"fuse the outer loops into one parallel loop, consecutive items along {order}")
     return out
+
+
+def loop_features(p: KernelPlan, v: dict) -> dict:
+    """What the cost model cannot read from knob names, computed from the loop nest an annotation
+    makes: registers held, loads per multiply-add, gathers, padding guards, parallel items and
+    their balance over the threads, work past the axes' ends, and the inner trip count."""
+    shape = list(p.tensor.shape)
+    n = len(shape)
+    tg = target.current()
+    lanes = lanes_of(p)
+    vred = v.get("vectorize") == "reduce"
+    e = p.reduce.source if p.reduce is not None else p.value
+    rows_of = {}                                    # axis -> register rows along it
+    if n >= 2:
+        rows_of[row_axis(p, v)] = min(v["tile_m"], shape[row_axis(p, v)])
+        if v.get("row_axis2", -1) >= 0:
+            rows_of[v["row_axis2"]] = min(v["tile_m2"], shape[v["row_axis2"]])
+    rows = math.prod(rows_of.values()) if rows_of else 1
+    width = 1 if vred else min(v["tile_n"], shape[-1])
+    vectors = (v.get("k_unroll", 1) if vred else -(-width // lanes))
+    lane_var = p.reduce.axes[-1] if vred else p.axis[-1]
+    loads, gathers, guards = 0, 0, 0
+    for r in walk(e):
+        if isinstance(r, Select):
+            guards += 1
+        if not isinstance(r, Read):
+            continue
+        used = {id(x) for ix in r.indices for x in walk(ix) if isinstance(x, Var)}
+        copies = math.prod(k for d, k in rows_of.items() if id(p.axis[d]) in used)
+        loads += copies * (vectors if id(lane_var) in used else 1)
+        gathers += any(x is lane_var for ix in r.indices[:-1] for x in walk(ix))
+    tiles = {d: -(-shape[d] // k) for d, k in rows_of.items()}
+    covered = math.prod(tiles[d] * rows_of[d] for d in tiles) * (-(-shape[-1] // width) * width)
+    exact = math.prod(shape[d] for d in tiles) * shape[-1]
+    items = math.prod(shape[:-1]) // max(1, math.prod(shape[d] for d in rows_of)) \
+        * math.prod(tiles.values()) // max(1, v.get("m_group", 1)) * -(-shape[-1] // width)
+    inner = p.reduce.axes[-1].hi - p.reduce.axes[-1].lo if p.reduce is not None else 1
+    return {"accumulator_vectors": float(rows * vectors), "loads_per_fma": loads / max(1.0, rows * vectors),
+            "gathers": float(gathers), "guards": float(guards), "log_items": math.log2(max(items, 1)),
+            "thread_imbalance": -(-items // tg.threads) * tg.threads / max(items, 1) - 1.0,
+            "waste": covered / exact - 1.0, "log_inner_trip": math.log2(inner)}

@@ -27,6 +27,9 @@ class TeTemplate(Template):
     def default_config(self, wl: TeWorkload, space: ConfigSpace) -> Config:
         return space.from_values(sketch.default_values(wl.plan, space))
 
+    def features(self, wl: TeWorkload, cfg: Config) -> dict:
+        return sketch.loop_features(wl.plan, dict(cfg.values))
+
     def build(self, wl: TeWorkload, cfg: Config) -> Kernel:
         src, tensors = kernel_source(wl.plan, dict(cfg.values))
         return Kernel(src, ["out0", *(f"in{k}" for k in range(len(tensors) - 1))])
