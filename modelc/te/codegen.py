@@ -107,13 +107,14 @@ def kernel_source(p: KernelPlan, values: dict | None = None) -> tuple[str, list]
 class _Nest:
     """The loop nest of one annotated kernel.
 
-    Items of the parallel loop: the other spatial indices x groups of `m_group` row tiles (rows:
-    `row_axis`) x column tiles (the last axis; rows-first or columns-first by `order`). In an item:
-    the accumulators of its row tiles (tile_m x tile_n each) on the stack; the outermost reduce axis
-    in blocks of `k_block`, each block run over all the item's tiles before the next; the innermost
-    reduce axis unrolled by `k_unroll`; one loop over the tile's lanes innermost, rows written out.
-    A last row or column tile past the end is a narrower copy of the tile (a branch outside the
-    loops): every output element is stored by exactly one item.
+    Items of the parallel loop: the other spatial indices x tiles of `row_axis2` x groups of
+    `m_group` row tiles (rows: `row_axis`) x column tiles (the last axis; rows-first or
+    columns-first by `order`). In an item: the accumulators of its row tiles (tile_m x tile_m2
+    rows of tile_n lanes each) on the stack; the outermost reduce axis in blocks of `k_block`,
+    each block run over all the item's tiles before the next; the innermost reduce axis unrolled
+    by `k_unroll`; one loop over the tile's lanes innermost, rows written out. A last tile past
+    the end of its axis is shifted back to end there and stores only what the tile before it did
+    not: every output element is stored by exactly one item.
     """
 
     def __init__(self, p: KernelPlan, v: dict, emit: _Emitter, lanes: int):
@@ -210,7 +211,7 @@ class _Nest:
             out.append(f"{ind}m0 = mt * {self.MR}")
         return out + [ind + ln for ln in fn()]
 
-    def _envs(self, rows: int | None = None) -> list:
+    def _envs(self) -> list:
         """The index environment of each register row (row-axis rows x second-axis rows)."""
         env = {id(self.p.axis[d]): f"q{d}" for d in self.outer_axes}
         if self.n < 2:
@@ -247,20 +248,19 @@ class _Nest:
         return f"{a} = {fn}({a}, {val})"
 
     def _reduce_tile(self) -> list:
-        rows, width = self.nrows, self.NR
         if self.vred:
-            return self._reduce_lanes(rows)
+            return self._reduce_lanes()
         p, red = self.p, self.p.reduce
         lane = {id(p.axis[-1]): "j0 + jj"}
         out, ind = [], ""
         axes = red.axes
         last = len(axes) - 1
         renv = {id(a): f"r{k}" for k, a in enumerate(axes)}
-        envs = [{**e, **renv, **lane} for e in self._envs(rows)]
+        envs = [{**e, **renv, **lane} for e in self._envs()]
 
         def step(ind, at=None):
             env_k = envs if at is None else [{**e, id(axes[last]): at} for e in envs]
-            lines = [f"{ind}for jj in range({width}):"]
+            lines = [f"{ind}for jj in range({self.NR}):"]
             for m, env in enumerate(env_k):
                 lines.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', self.emit(red.source, env))}")
             return lines
@@ -285,7 +285,7 @@ class _Nest:
             ind += "    "
         return out + step(ind)
 
-    def _reduce_lanes(self, rows: int) -> list:
+    def _reduce_lanes(self) -> list:
         """One output per row, the innermost reduce axis in vectors: `k_unroll` sets of lanes
         (independent chains of adds), summed when stored. Ansor's rfactor, for reductions along
         contiguous memory (a row's sum, max or norm)."""
@@ -294,7 +294,7 @@ class _Nest:
         last, step = len(axes) - 1, self.U * self.L
         out, ind = [], ""
         renv = {id(a): f"r{k}" for k, a in enumerate(axes)}
-        envs = [{**e, **renv, id(p.axis[-1]): "j0"} for e in self._envs(rows)]
+        envs = [{**e, **renv, id(p.axis[-1]): "j0"} for e in self._envs()]
         for k, a in enumerate(axes[:-1]):
             out.append(f"{ind}for r{k} in range({a.lo}, {a.hi}):")
             ind += "    "

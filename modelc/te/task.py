@@ -6,6 +6,7 @@ computation in every process that registered the function (records will apply ac
 from __future__ import annotations
 
 import json
+import textwrap
 
 import numpy as np
 
@@ -115,9 +116,10 @@ class SearchTask:
             head = (f"{t.desc}: {r.cost * 1e3:.4f} ms ({t.flops / r.cost / 1e9:.1f} GFLOP/s)" if r is not None
                     else f"{t.desc}: no record in {log}; the default schedule")
             src, _ = kernel_source(p, values)
-            body = src[src.index("def kernel("):]
+            body = textwrap.dedent("\n".join(ln for ln in src[src.index("def kernel("):].splitlines()[1:]
+                                              if "carray(ptr__" not in ln))
             out += [head, *("  " + s for s in steps(p, values)), "  loop nest:",
-                    *("    " + ln for ln in body.splitlines()[1:] if "carray(ptr__" not in ln), ""]
+                    *("    " + ln for ln in body.splitlines()), ""]
         return "\n".join(out)
 
     def build(self, log: str | None = None, compile: bool = True) -> "BuiltFunction":
