@@ -25,7 +25,8 @@ from .kernels import templates as _templates  # noqa: F401  (registers the templ
 from .kernels.space import ConfigSpace
 from .kernels.template import Template, alternatives, select
 from .kernels.template import get as get_template
-from .kernels.workload import Workload, view
+from .kernels.workload import Workload
+from .te.workload import view
 from .ops.cost import node_macs
 from .passes.lower import lower
 

@@ -19,10 +19,8 @@ import numpy as np
 
 from .errors import ModelcError
 from . import memory, target
-
-
-class DocumentError(ModelcError):
-    """A saved module, tuning record or workload that modelc refuses to use; names the field."""
+from .schema import (DocumentError, check_int, check_shape, check_str,  # noqa: F401  (re-exported)
+                     check_keys as _keys, check_list as _list, fail as _fail, is_int as _is_int, show as _show)
 
 
 _REF = re.compile(r"[ip][0-9]{1,6}|v[0-9]{1,6}(\.[0-9]{1,3})?")
@@ -32,64 +30,7 @@ _KEY = re.compile(r"[0-9A-Za-z_.\-]{1,64}")      # modelc makes 24 hex digits
 NONFINITE = ("nan", "inf", "-inf")
 DTYPES = ("float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "uint16",
           "uint32", "uint64", "bool")
-MAX_RANK = 16
-MAX_DIM = 1 << 40
 MAX_PARAM_ELEMENTS = 1 << 22
-
-
-def _fail(path: str, msg: str):
-    raise DocumentError(f"{path}: {msg}")
-
-
-def _show(v) -> str:
-    s = repr(v)
-    return s if len(s) <= 60 else s[:57] + "..."
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def check_int(v, path: str, lo: int | None = None, hi: int | None = None) -> int:
-    if not _is_int(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
-        rng = f" in [{lo}, {hi}]" if hi is not None else (f" >= {lo}" if lo is not None else "")
-        _fail(path, f"expected an integer{rng}, got {_show(v)}")
-    return v
-
-
-def check_str(v, path: str, pattern: re.Pattern | None = None, choices=None) -> str:
-    if not isinstance(v, str):
-        _fail(path, f"expected a string, got {_show(v)}")
-    if choices is not None and v not in choices:
-        _fail(path, f"{_show(v)} is not one of modelc's names ({', '.join(sorted(choices)[:12])} ...)")
-    if pattern is not None and not pattern.fullmatch(v):
-        _fail(path, f"{_show(v)} is not a name modelc makes")
-    return v
-
-
-def _keys(d, path: str, required: set, optional: set = frozenset()) -> dict:
-    if not isinstance(d, dict):
-        _fail(path, f"expected an object, got {type(d).__name__}")
-    missing = required - set(d)
-    if missing:
-        _fail(path, f"missing field(s) {sorted(missing)}")
-    extra = set(d) - required - set(optional)
-    if extra:
-        _fail(path, f"unknown field(s) {sorted(map(str, extra))[:5]}")
-    return d
-
-
-def _list(v, path: str, max_len: int | None = None) -> list:
-    if not isinstance(v, list):
-        _fail(path, f"expected a list, got {type(v).__name__}")
-    if max_len is not None and len(v) > max_len:
-        _fail(path, f"has {len(v)} entries, at most {max_len} allowed")
-    return v
-
-
-def check_shape(v, path: str) -> tuple:
-    _list(v, path, MAX_RANK)
-    return tuple(check_int(d, f"{path}[{k}]", 0, MAX_DIM) for k, d in enumerate(v))
 
 
 def check_dtype(v, path: str) -> str:
@@ -309,7 +250,7 @@ _spaces: dict = {}          # (workload key, template, target) -> (template, wor
 def _space(template: str, wl: dict, path: str):
     from .kernels import templates as _templates  # noqa: F401  (registers the templates)
     from .kernels.template import get
-    from .kernels.workload import view as as_view
+    from .te.workload import view as as_view
     try:
         tpl = get(template)
     except ModelcError:

@@ -122,14 +122,6 @@ class Workload:
         return out
 
 
-def view(doc: dict):
-    """The workload of a document: an ONNX-ops workload, or a te kernel's (te/document.py)."""
-    if isinstance(doc, dict) and "te" in doc:
-        from ..te.workload import TeWorkload
-        return TeWorkload(doc)
-    return Workload(doc)
-
-
 def _from_json(v):
     if isinstance(v, dict) and "dtype" in v:
         return np.array(v["value"], dtype=v["dtype"]).reshape(v["shape"])

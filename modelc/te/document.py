@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ModelcError
-from ..validate import DocumentError
+from ..schema import DocumentError, check_keys, check_list, check_shape
 from .expr import (ARITH, CMP, FUNCS, LOGIC, Binary, Call, Cast, Const, Read, Select, Var, binary, call, cast,
                    if_then_else, walk)
 from .lower import Acc, KernelPlan
@@ -75,19 +75,18 @@ def from_document(doc, path: str = "workload"):
     """(ComputeDAG, KernelPlan) of a document, checked as a declaration is; DocumentError naming
     the field otherwise."""
     from .. import memory
-    from ..validate import _keys, _list, check_shape
     from . import tensor as te
     from .dag import ComputeDAG
     from .expr import check_dtype
     from .lower import plan
 
-    _keys(doc, path, {"te", "inputs", "stages"})
+    check_keys(doc, path, {"te", "inputs", "stages"})
     if doc["te"] != VERSION or isinstance(doc["te"], bool):
         raise DocumentError(f"{path}.te: document version {doc['te']!r}; this modelc reads {VERSION}")
     placeholders, sizes = [], {}
-    for k, t in enumerate(_list(doc["inputs"], f"{path}.inputs", MAX_INPUTS)):
+    for k, t in enumerate(check_list(doc["inputs"], f"{path}.inputs", MAX_INPUTS)):
         p = f"{path}.inputs[{k}]"
-        _keys(t, p, {"shape", "dtype"})
+        check_keys(t, p, {"shape", "dtype"})
         shape = check_shape(t["shape"], f"{p}.shape")
         try:
             dt = check_dtype(t["dtype"])
@@ -95,11 +94,11 @@ def from_document(doc, path: str = "workload"):
             raise DocumentError(f"{p}.dtype: {e}") from None
         sizes[p] = math.prod(shape) * 8
         placeholders.append(te.placeholder(shape, name=f"in{k}", dtype=dt))
-    stages = _list(doc["stages"], f"{path}.stages", 2)
+    stages = check_list(doc["stages"], f"{path}.stages", 2)
     if not stages:
         raise DocumentError(f"{path}.stages: is empty")
     for k, s in enumerate(stages):
-        _keys(s, f"{path}.stages[{k}]", {"shape"}, {"reduce", "value"})
+        check_keys(s, f"{path}.stages[{k}]", {"shape"}, {"reduce", "value"})
         sizes[f"{path}.stages[{k}]"] = math.prod(check_shape(s["shape"], f"{path}.stages[{k}].shape")) * 8
     memory.check(sizes, path)
     built = []
@@ -117,11 +116,11 @@ def from_document(doc, path: str = "workload"):
         try:
             if "reduce" in s:
                 r = s["reduce"]
-                _keys(r, f"{p}.reduce", {"op", "axes", "source"})
+                check_keys(r, f"{p}.reduce", {"op", "axes", "source"})
                 if r["op"] not in REDUCE_OPS:
                     raise DocumentError(f"{p}.reduce.op: {r['op']!r} is not one of {', '.join(REDUCE_OPS)}")
                 axes = []
-                for j, dom in enumerate(_list(r["axes"], f"{p}.reduce.axes", 8)):
+                for j, dom in enumerate(check_list(r["axes"], f"{p}.reduce.axes", 8)):
                     if not (isinstance(dom, list) and len(dom) == 2
                             and all(isinstance(x, int) and not isinstance(x, bool) and abs(x) < 1 << 40 for x in dom)):
                         raise DocumentError(f"{p}.reduce.axes[{j}]: expected [lo, hi], got {dom!r}")

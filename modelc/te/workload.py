@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.workload import TensorSpec
+from ..kernels.workload import TensorSpec, Workload
 from .document import from_document
 
 
@@ -44,3 +44,8 @@ class TeWorkload:
 
 def is_document(doc) -> bool:
     return isinstance(doc, dict) and "te" in doc
+
+
+def view(doc: dict):
+    """The workload of a document: a te kernel's, or an ONNX-ops workload (kernels/workload.py)."""
+    return TeWorkload(doc) if is_document(doc) else Workload(doc)

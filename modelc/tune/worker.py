@@ -42,7 +42,7 @@ def _ping(req: dict) -> dict:
 
 def _handle(req: dict, refs: dict) -> dict:
     from ..kernels import cache, testing
-    from ..kernels.workload import view
+    from ..te.workload import view
     from . import cache_flush, timing
     from . import records as R
 
