@@ -88,31 +88,32 @@ class SearchTask:
         from ..tune.tuning import tune
         return tune(None, n_trials=n_trials, log=log, tasks=self.tuning_tasks(), **options)
 
-    def best_values(self, log: str | None) -> list:
-        """Per kernel, the knob values of its best record in `log` for this CPU (None: no record)."""
-        if log is None:
-            return [None] * len(self.plans)
+    def _best_records(self, log: str) -> list:
+        """Per kernel, its best record in `log` for this CPU, or None."""
         import os
 
         from ..tune import records as R
-        from .sketch import space
         if not os.path.exists(log):
             raise ModelcError(f"no tuning log at {log!r}")
         best = R.best_by_key(R.load_records(log), R.current_target())
-        recs = [best.get((t.key, "te")) for t in self.tuning_tasks()]
-        return [None if r is None else space(p).from_values(r.config).values for r, p in zip(recs, self.plans)]
+        return [best.get((t.key, "te")) for t in self.tuning_tasks()]
+
+    def best_values(self, log: str | None) -> list:
+        """Per kernel, the knob values of its best record in `log` for this CPU (None: no record)."""
+        from .sketch import space
+        if log is None:
+            return [None] * len(self.plans)
+        return [None if r is None else space(p).from_values(r.config).values
+                for r, p in zip(self._best_records(log), self.plans)]
 
     def print_best(self, log: str) -> str:
         """Each kernel's best schedule in `log`: its measured latency, the schedule steps and the
         loop nest they make."""
-        from ..tune import records as R
         from .codegen import kernel_source
         from .sketch import default_values, steps
-        best = R.best_by_key(R.load_records(log), R.current_target())
         out = []
-        for t, p in zip(self.tuning_tasks(), self.plans):
-            r = best.get((t.key, "te"))
-            values = r.config if r is not None else default_values(p)
+        for t, p, r, v in zip(self.tuning_tasks(), self.plans, self._best_records(log), self.best_values(log)):
+            values = v if v is not None else default_values(p)
             head = (f"{t.desc}: {r.cost * 1e3:.4f} ms ({t.flops / r.cost / 1e9:.1f} GFLOP/s)" if r is not None
                     else f"{t.desc}: no record in {log}; the default schedule")
             src, _ = kernel_source(p, values)
