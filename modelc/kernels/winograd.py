@@ -240,42 +240,59 @@ class Conv2dWinograd(Template):
         # tile before (another rounding), so the module's result would change from run to run.
         out = wl.outputs[0]
         ops = wl.epilogue
-        t0 = "0"
+        # (constant trip counts with a `continue`: a loop from a variable start ran 12-15% slower)
         if NT % TT:
             body.append(f"    tskip = g * {TT} - q0")
-            t0 = "tskip"
-        b0 = "0"
         if KBLK % mb:
             body.append(f"    bskip = ko * {mb} - ko0")
-            b0 = "bskip"
-        body += [f"    for t in range({t0}, {TT}):"] + tile_origin(8)
+        body += [f"    for t in range({TT}):"]
+        if NT % TT:
+            body += ["        if t < tskip:", "            continue"]
+        body += tile_origin(8)
         most_y, most_x = (m - OH % m) % m, (m - OW % m) % m      # the largest overlap of a shifted tile
         if most_y:
             body.append(f"        sy = (q // {NTW}) * {m} - oy")
         if most_x:
             body.append(f"        sx = (q % {NTW}) * {m} - ox")
-        body += [f"        for blk in range({b0}, {mb}):", f"            for jj in range({KB}):"]
-        p3 = " " * 16
-        for i in range(a):
-            for j in range(a):
-                body.append(f"{p3}m{i}_{j} = acc[np.uintp((({i * a + j} * {TT} + t) * {KT}) + blk * {KB} + jj)]")
-        for i in range(m):
-            for j in range(a):
-                body.append(f"{p3}s{i}_{j} = {_lin(AT[i], [f'm{k}_{j}' for k in range(a)])}")
-        if has_bias:
-            body.append(f"{p3}bv = bias[np.uintp((ko0 + blk) * {KB} + jj)]")
-        for dy in range(m):
-            for dx in range(m):
-                v = _lin(AT[dx], [f's{dy}_{k}' for k in range(a)])
-                v = f"({v}) + bv" if has_bias else v
-                idx = ["n", ("ko0 + blk", "jj", KB), f"oy + {dy}", f"ox + {dx}"]
-                lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
-                                        var=f"e{dy}_{dx}_", unsigned=True)
-                lines = [*lines, f"out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
-                cond = [c for c, on in ((f"sy <= {dy}", dy < most_y), (f"sx <= {dx}", dx < most_x)) if on]
-                if cond:
-                    lines = [f"if {' and '.join(cond)}:", *("    " + ln for ln in lines)]
-                body += [p3 + ln for ln in lines]
+
+        def store_section(guarded: bool) -> list:
+            """The blk / jj loops of one tile; `guarded`: stores skip what the tile before stored."""
+            lines = [f"        for blk in range({mb}):"]
+            if KBLK % mb:
+                lines += ["            if blk < bskip:", "                continue"]
+            lines.append(f"            for jj in range({KB}):")
+            p3 = " " * 16
+            for i in range(a):
+                for j in range(a):
+                    lines.append(f"{p3}m{i}_{j} = acc[np.uintp((({i * a + j} * {TT} + t) * {KT}) + blk * {KB} + jj)]")
+            for i in range(m):
+                for j in range(a):
+                    lines.append(f"{p3}s{i}_{j} = {_lin(AT[i], [f'm{k}_{j}' for k in range(a)])}")
+            if has_bias:
+                lines.append(f"{p3}bv = bias[np.uintp((ko0 + blk) * {KB} + jj)]")
+            for dy in range(m):
+                for dx in range(m):
+                    v = _lin(AT[dx], [f's{dy}_{k}' for k in range(a)])
+                    v = f"({v}) + bv" if has_bias else v
+                    idx = ["n", ("ko0 + blk", "jj", KB), f"oy + {dy}", f"ox + {dx}"]
+                    st, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
+                                         var=f"e{dy}_{dx}_", unsigned=True)
+                    st = [*st, f"out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
+                    cond = [c for c, on in ((f"sy <= {dy}", dy < most_y), (f"sx <= {dx}", dx < most_x))
+                            if on and guarded]
+                    if cond:
+                        st = [f"if {' and '.join(cond)}:", *("    " + ln for ln in st)]
+                    lines += [p3 + ln for ln in st]
+            return lines
+
+        if most_y or most_x:
+            # only the last row or column of tiles is shifted: the others store unguarded (a
+            # guard inside the lane loop ran 7x7 convs 1.15-1.28x slower)
+            interior = " and ".join(c for c, on in (("sy == 0", most_y), ("sx == 0", most_x)) if on)
+            body += [f"        if {interior}:", *("    " + ln for ln in store_section(False)),
+                     "        else:", *("    " + ln for ln in store_section(True))]
+        else:
+            body += store_section(False)
 
         def pack_weights(w):                                                      # [K, C, 3, 3]
             u = np.einsum("ik,ockl,jl->ijoc", G, w.astype(np.float64), G).reshape(A2, g.K, C)
