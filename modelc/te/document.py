@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..errors import ModelcError
 from ..schema import DocumentError, check_keys, check_list, check_shape
 from .expr import (ARITH, CMP, FUNCS, LOGIC, Binary, Call, Cast, Const, Read, Select, Var, binary, call, cast,
@@ -181,8 +183,12 @@ def _decode(e, axis, raxes, inputs, stages, path, depth=0):
     if tag == "const" and len(args) == 2:
         from .expr import check_dtype
         v, dt = args[0], check_dtype(args[1])
-        ok = (isinstance(v, bool) if dt == "bool" else isinstance(v, int) and not isinstance(v, bool)
-              and abs(v) < 1 << 62 if dt.startswith("int") else isinstance(v, (int, float)) and not isinstance(v, bool))
+        if dt == "bool":
+            ok = isinstance(v, bool)
+        elif dt.startswith("int"):           # within the dtype: numpy would refuse it in codegen
+            ok = isinstance(v, int) and not isinstance(v, bool) and np.iinfo(dt).min <= v <= np.iinfo(dt).max
+        else:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
         if not ok:
             raise DocumentError(f"{path}: {v!r} is not a {dt} constant")
         return Const(v, dt)
