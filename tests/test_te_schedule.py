@@ -173,6 +173,9 @@ BAD_DOCS = [
      r"unknown expression"),
     (_edit(["stages", 1, "value"], ["stage", 0, [["axis", 0]]]), r"stages\[1\].*indexed with 1"),
     (_edit(["stages", 0, "shape"], [1 << 39, 1 << 39]), r"needs .* of memory"),
+    (_edit(["stages", 0, "reduce", "axes"], [[0, 1 << 39]]), r"index 1 of .* outside"),
+    (lambda d: _edit(["stages", 0, "reduce", "source"], ["const", 1.0, "float32"])(
+        _edit(["stages", 0, "reduce", "axes"], [[0, 1 << 39]])(d)), r"loop steps, more than"),
     (_edit(["stages", 1, "value"], ["binary", "+", ["stage", 0, [["axis", 0], ["axis", 1]]],
                                     ["cast", "float32", ["const", 1 << 40, "int32"]]]), r"is not a int32 constant"),
 ]

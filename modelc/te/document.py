@@ -30,6 +30,7 @@ VERSION = 1
 MAX_NODES = 4096
 MAX_DEPTH = 64
 MAX_INPUTS = 64
+MAX_STEPS = 1 << 42          # output points x reduction steps: a 16384^3 matmul is 2^42
 REDUCE_OPS = ("sum", "max", "min")
 
 
@@ -140,6 +141,11 @@ def from_document(doc, path: str = "workload"):
         except ModelcError as e:
             raise DocumentError(f"{p}: {e}") from None
     _count(stages, path)
+    steps = math.prod(stages[0]["shape"]) * math.prod(
+        hi - lo for lo, hi in (stages[0].get("reduce") or {}).get("axes", []))
+    if steps > MAX_STEPS:
+        raise DocumentError(f"{path}: {steps:.3g} loop steps, more than the {MAX_STEPS:.3g} a kernel may run "
+                            "(hours of work from one document)")
     dag = ComputeDAG([*placeholders, built[-1]])
     plans = plan(dag)
     if len(plans) != 1 or len(plans[0].reads) != len(placeholders):
