@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import reference
 from . import cache
 from .layout import from_physical, physical_size, to_physical
 from .template import Kernel, Template
@@ -29,11 +28,7 @@ def bind(wl: Workload, kernel: Kernel, inputs: list, packed: dict | None = None)
 
 
 def reference_outputs(wl: Workload, inputs: list) -> list:
-    if hasattr(wl, "reference"):            # a te kernel: numpy's evaluation of its declaration
-        return wl.reference(inputs)
-    g = wl.to_graph()
-    res = reference.run(g, {f"i{k}": x for k, x in enumerate(inputs)})
-    return [res[o] for o in g.outputs]
+    return wl.reference(inputs)
 
 
 def max_rel_error(got: list, want: list) -> float:

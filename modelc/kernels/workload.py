@@ -104,6 +104,13 @@ class Workload:
             return [prefix]
         return [f"{prefix}.{k}" if k in multi else "" for k in range(max(multi) + 1)]
 
+    def reference(self, inputs: list) -> list:
+        """The outputs of the reference executor for logical `inputs`."""
+        from .. import reference
+        g = self.to_graph()
+        res = reference.run(g, {f"i{k}": x for k, x in enumerate(inputs)})
+        return [res[o] for o in g.outputs]
+
     def random_inputs(self, seed: int = 0) -> list:
         """Seeded logical inputs (weights scaled like He init so values stay of order one)."""
         rng = np.random.default_rng(seed)

@@ -125,13 +125,13 @@ class _Nest:
         self.vred = v.get("vectorize") == "reduce"      # lanes along the innermost reduce axis
         self.L = lanes
         self.NR = 1 if self.vred else v["tile_n"]
-        self.MR = v.get("tile_m", 1) if self.n >= 2 else 1
         self.G = v.get("m_group", 1)
         self.U = v.get("k_unroll", 1)
         self.rows_first = v.get("order", ["m", "n"])[0] == "m"
         self.R = row_axis(p, v) if self.n >= 2 else None
         self.rows = rows = shape[self.R] if self.n >= 2 else 1
-        self.MR, self.NR = min(self.MR, rows), min(self.NR, shape[-1])   # a tile wider than the axis is the axis
+        # a tile wider than its axis is the axis
+        self.MR, self.NR = min(v.get("tile_m", 1) if self.n >= 2 else 1, rows), min(self.NR, shape[-1])
         self.NT = -(-shape[-1] // self.NR)
         self.MT = -(-rows // self.MR)
         self.shift_n = shape[-1] % self.NR != 0       # the last tile is shifted back to end at the end
@@ -165,7 +165,7 @@ class _Nest:
         if self.R2 >= 0:
             inner.insert(0, ("m2t", self.MT2))
         rest = "it"
-        for name, ext in [*reversed(inner), *((f"q{d}", shape) for d, shape in
+        for name, ext in [*reversed(inner), *((f"q{d}", e) for d, e in
                                               reversed(list(zip(self.outer_axes, self.outer))))]:
             body += [f"{ind}{name} = {rest} % {ext}", f"{ind}rest = {rest} // {ext}"]
             rest = "rest"

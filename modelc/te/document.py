@@ -104,6 +104,7 @@ def from_document(doc, path: str = "workload"):
         check_keys(s, f"{path}.stages[{k}]", {"shape"}, {"reduce", "value"})
         sizes[f"{path}.stages[{k}]"] = math.prod(check_shape(s["shape"], f"{path}.stages[{k}].shape")) * 8
     memory.check(sizes, path)
+    _count(stages, path)                 # sized before anything is decoded
     built = []
     for k, s in enumerate(stages):
         p = f"{path}.stages[{k}]"
@@ -140,7 +141,6 @@ def from_document(doc, path: str = "workload"):
             raise
         except ModelcError as e:
             raise DocumentError(f"{p}: {e}") from None
-    _count(stages, path)
     steps = math.prod(stages[0]["shape"]) * math.prod(
         hi - lo for lo, hi in (stages[0].get("reduce") or {}).get("axes", []))
     if steps > MAX_STEPS:
@@ -158,9 +158,12 @@ def from_document(doc, path: str = "workload"):
 
 
 def _count(stages, path):
+    """Refuse expression trees larger or deeper than a kernel needs, without recursing."""
     n = 0
     for s in stages:
-        stack = [(s.get("value") if "value" in s else s["reduce"]["source"], 0)]
+        red = s.get("reduce")
+        stack = [(e, 0) for e in (s.get("value"), red.get("source") if isinstance(red, dict) else None)
+                 if e is not None]
         while stack:
             e, d = stack.pop()
             n += 1
@@ -170,16 +173,15 @@ def _count(stages, path):
                 stack.extend((x, d + 1) for x in e[1:] if isinstance(x, list))
 
 
-def _decode(e, axis, raxes, inputs, stages, path, depth=0):
-    """An expression from its document form (te's constructors check types as they build)."""
-    if depth > MAX_DEPTH:
-        raise DocumentError(f"{path}: deeper than {MAX_DEPTH}")
+def _decode(e, axis, raxes, inputs, stages, path):
+    """An expression from its document form (te's constructors check types as they build); `_count`
+    has bounded its depth."""
     if not isinstance(e, list) or not e or not isinstance(e[0], str):
         raise DocumentError(f"{path}: expected an expression [tag, ...], got {str(e)[:80]}")
     tag, args = e[0], e[1:]
 
     def sub(x, k):
-        return _decode(x, axis, raxes, inputs, stages, f"{path}[{k}]", depth + 1)
+        return _decode(x, axis, raxes, inputs, stages, f"{path}[{k}]")
 
     def index(k, n):
         if len(args) != 1 or isinstance(args[0], bool) or not isinstance(args[0], int) or not 0 <= args[0] < n:
@@ -219,11 +221,9 @@ def _decode(e, axis, raxes, inputs, stages, path, depth=0):
     raise DocumentError(f"{path}: unknown expression {str(e)[:80]}")
 
 
-def flops(doc) -> int:
-    """Floating-point operations of a (valid) document's kernel: arithmetic on values, not on
-    indices or conditions (a conv's padding test is no FLOP)."""
-    _, p = from_document(doc)
-
+def plan_flops(p: KernelPlan) -> int:
+    """Floating-point operations of a kernel plan: arithmetic on values, not on indices or
+    conditions (a conv's padding test is no FLOP)."""
     def count(e):
         return sum(isinstance(x, (Binary, Call)) and x.dtype.startswith("float") for x in walk(e))
     points = math.prod(p.tensor.shape)
@@ -232,3 +232,8 @@ def flops(doc) -> int:
         n = math.prod(a.hi - a.lo for a in p.reduce.axes)
         total += points * n * (1 + count(p.reduce.source))
     return int(total)
+
+
+def flops(doc) -> int:
+    """Floating-point operations of a (valid) document's kernel."""
+    return plan_flops(from_document(doc)[1])

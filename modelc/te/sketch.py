@@ -30,7 +30,7 @@ import numpy as np
 from .. import target
 from ..kernels.gemm_space import MR_CANDIDATES, model_cost
 from ..kernels.space import ConfigSpace
-from .expr import Read, Select, Var, walk
+from .expr import Read, Select, walk
 from .lower import KernelPlan
 
 VECTORS = (1, 2, 3, 4)            # tile_n candidates, in vectors
@@ -69,32 +69,37 @@ def row_axis(p: KernelPlan, v: dict) -> int:
     return v.get("row_axis", row_axes(p)[0])
 
 
+def _inner(p: KernelPlan):
+    """The expression of the kernel's innermost loop: what is reduced, or what is stored."""
+    return p.reduce.source if p.reduce is not None else p.value
+
+
+def _reads(p: KernelPlan) -> list:
+    return [r for r in walk(_inner(p)) if isinstance(r, Read)]
+
+
+def _uses(r: Read, var, dims=slice(None)) -> bool:
+    """Whether the read's indices in `dims` move with `var`."""
+    return any(x is var for ix in r.indices[dims] for x in walk(ix))
+
+
 def shared_loads(p: KernelPlan, d: int) -> int:
     """Reads of the kernel's inner expression that are vectors (they vary along the lanes) and
     the same for every row of axis `d`: loaded once per step for all the tile's rows (B in a
     matmul tiled over rows of A; the input in a conv tiled over output channels)."""
-    e = p.reduce.source if p.reduce is not None else p.value
-    lane, row = p.axis[-1], p.axis[d]
-    count = 0
-    for r in walk(e):
-        if isinstance(r, Read):
-            used = {id(x) for ix in r.indices for x in walk(ix) if isinstance(x, Var)}
-            count += id(lane) in used and id(row) not in used
-    return count
+    return sum(_uses(r, p.axis[-1]) and not _uses(r, p.axis[d]) for r in _reads(p))
 
 
 def _contiguous_along(p: KernelPlan, var) -> bool:
     """Whether some read of the kernel's inner expression moves along its last (contiguous)
     dimension with `var`."""
-    e = p.reduce.source if p.reduce is not None else p.value
-    return any(isinstance(r, Read) and any(x is var for x in walk(r.indices[-1])) for r in walk(e))
+    return any(_uses(r, var, slice(-1, None)) for r in _reads(p))
 
 
 def _strided_reads(p: KernelPlan, var) -> int:
     """Reads that would be gathers with the lanes on `var`: they move with it along a dimension
     other than their last."""
-    e = p.reduce.source if p.reduce is not None else p.value
-    return sum(isinstance(r, Read) and any(x is var for ix in r.indices[:-1] for x in walk(ix)) for r in walk(e))
+    return sum(_uses(r, var, slice(None, -1)) for r in _reads(p))
 
 
 def reduce_vectorizable(p: KernelPlan) -> bool:
@@ -248,7 +253,6 @@ def loop_features(p: KernelPlan, v: dict) -> dict:
     tg = target.current()
     lanes = lanes_of(p)
     vred = v.get("vectorize") == "reduce"
-    e = p.reduce.source if p.reduce is not None else p.value
     rows_of = {}                                    # axis -> register rows along it
     if n >= 2:
         rows_of[row_axis(p, v)] = min(v["tile_m"], shape[row_axis(p, v)])
@@ -258,16 +262,10 @@ def loop_features(p: KernelPlan, v: dict) -> dict:
     width = 1 if vred else min(v["tile_n"], shape[-1])
     vectors = (v.get("k_unroll", 1) if vred else -(-width // lanes))
     lane_var = p.reduce.axes[-1] if vred else p.axis[-1]
-    loads, gathers, guards = 0, 0, 0
-    for r in walk(e):
-        if isinstance(r, Select):
-            guards += 1
-        if not isinstance(r, Read):
-            continue
-        used = {id(x) for ix in r.indices for x in walk(ix) if isinstance(x, Var)}
-        copies = math.prod(k for d, k in rows_of.items() if id(p.axis[d]) in used)
-        loads += copies * (vectors if id(lane_var) in used else 1)
-        gathers += any(x is lane_var for ix in r.indices[:-1] for x in walk(ix))
+    loads = sum(math.prod(k for d, k in rows_of.items() if _uses(r, p.axis[d])) * (vectors if _uses(r, lane_var) else 1)
+                for r in _reads(p))
+    gathers = _strided_reads(p, lane_var)
+    guards = sum(isinstance(x, Select) for x in walk(_inner(p)))
     tiles = {d: -(-shape[d] // k) for d, k in rows_of.items()}
     covered = math.prod(tiles[d] * rows_of[d] for d in tiles) * (-(-shape[-1] // width) * width)
     exact = math.prod(shape[d] for d in tiles) * shape[-1]

@@ -75,12 +75,11 @@ class SearchTask:
         keyed by the hash of the kernel's document, so the same kernel declared anywhere, under
         any name, shares its records."""
         from ..extract import Task, workload_key as doc_key
-        from .document import flops, to_document
-        out = []
-        for p in self.plans:
-            doc = to_document(p)
-            out.append(Task(doc_key(doc), f"{self.workload_key} {p.name}", "te", doc, 1, flops(doc), pattern="te"))
-        return out
+        from .document import plan_flops, to_document
+        if not hasattr(self, "_docs"):     # the documents are the target's-independent part
+            self._docs = [(doc_key(d), d, plan_flops(p)) for p in self.plans for d in [to_document(p)]]
+        return [Task(key, f"{self.workload_key} {p.name}", "te", doc, 1, flops, pattern="te")
+                for (key, doc, flops), p in zip(self._docs, self.plans)]
 
     def tune(self, n_trials: int = 200, log: str = "tuning.jsonl", **options):
         """Search the derived schedule space of each kernel with a budget of `n_trials`
@@ -100,11 +99,11 @@ class SearchTask:
 
     def best_values(self, log: str | None) -> list:
         """Per kernel, the knob values of its best record in `log` for this CPU (None: no record)."""
+        return [None] * len(self.plans) if log is None else self._values(self._best_records(log))
+
+    def _values(self, records: list) -> list:
         from .sketch import space
-        if log is None:
-            return [None] * len(self.plans)
-        return [None if r is None else space(p).from_values(r.config).values
-                for r, p in zip(self._best_records(log), self.plans)]
+        return [None if r is None else space(p).from_values(r.config).values for r, p in zip(records, self.plans)]
 
     def print_best(self, log: str) -> str:
         """Each kernel's best schedule in `log`: its measured latency, the schedule steps and the
@@ -112,7 +111,8 @@ class SearchTask:
         from .codegen import kernel_source
         from .sketch import default_values, steps
         out = []
-        for t, p, r, v in zip(self.tuning_tasks(), self.plans, self._best_records(log), self.best_values(log)):
+        records = self._best_records(log)
+        for t, p, r, v in zip(self.tuning_tasks(), self.plans, records, self._values(records)):
             values = v if v is not None else default_values(p)
             head = (f"{t.desc}: {r.cost * 1e3:.4f} ms ({t.flops / r.cost / 1e9:.1f} GFLOP/s)" if r is not None
                     else f"{t.desc}: no record in {log}; the default schedule")
