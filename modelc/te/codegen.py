@@ -316,6 +316,13 @@ class _Nest:
                 out.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', v)}")
         return out
 
+    def _out(self, idx: list) -> str:
+        """The output's offset: in its own shape, or inside the buffer it is stored in."""
+        if self.p.store is None:
+            return offset(idx, self.shape)
+        shape, origin = self.p.store
+        return offset([ix if not o else f"{ix} + {o}" for ix, o in zip(idx, origin)], shape)
+
     def _store_tile(self) -> list:
         p = self.p
 
@@ -330,7 +337,7 @@ class _Nest:
                 idx = [e[id(a)] for a in p.axis]
                 out += guard(m, [f"{s} = {_INIT[p.reduce.op](self.dt)}", f"for jj in range({self.U * self.L}):",
                                  f"    {self._update(s, f'acc[{self._acc(m)}]')}",
-                                 f"out0[{offset(idx, self.shape)}] = {self.emit(p.value, e)}"])
+                                 f"out0[{self._out(idx)}] = {self.emit(p.value, e)}"])
             return out
         lane = {id(p.axis[-1]): "j0 + jj"}
         head = f"for jj in range(sj, {self.NR}):" if self.shift_n else f"for jj in range({self.NR}):"
@@ -338,7 +345,7 @@ class _Nest:
         for m, env in enumerate(self._envs()):
             e = {**env, **lane, "acc": f"acc[{self._acc(m)}]"}
             idx = [e[id(a)] for a in p.axis]
-            stores.append(f"out0[{offset(idx, self.shape)}] = {self.emit(p.value, e)}")
+            stores.append(f"out0[{self._out(idx)}] = {self.emit(p.value, e)}")
         if not any(self._owned(m) for m in range(self.nrows)):
             return [head, *("    " + st for st in stores)]
         return [ln for m, st in enumerate(stores) for ln in guard(m, [head, "    " + st])]

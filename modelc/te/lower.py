@@ -35,6 +35,8 @@ class KernelPlan:
     reduce: Reduce | None             # the reduction (source inlined), or None
     value: Expr                       # what is stored: an expression of the axes (and Acc)
     reads: list = field(default_factory=list)     # tensors read, in argument order
+    store: tuple | None = None        # (buffer shape, origin): the result stored inside a larger
+                                      # buffer (a blocked activation's halo), else its own shape
 
 
 def plan(dag) -> list[KernelPlan]:

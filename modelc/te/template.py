@@ -1,15 +1,22 @@
-"""The te kernels' entry in the template registry: the space is derived (sketch.py), not written.
+"""The te kernels' entries in the template registry: their spaces are derived (sketch.py), not written.
 
-Records of te kernels are filed under the template name "te", so the measurer's workers, the
-records' checks and ApplyHistoryBest find it like any template; it never matches an ONNX
-workload (those go to the hand-written templates).
+Records of a user's te kernels are filed under the template name "te", so the measurer's workers,
+the records' checks and ApplyHistoryBest find it like any template; it never matches an ONNX
+workload. A fused ONNX group declared in te (groups.py) is "te_group" where no hand-written
+template takes it (instead of the numpy fallback), and "te_conv2d", "te_depthwise", "te_dense" or
+"te_matmul" beside the template that does: a second algorithm, tuned as a task of its own and
+chosen only by a faster record (as Winograd is).
 """
 from __future__ import annotations
+
+import functools
+import json
 
 from ..kernels.space import Config, ConfigSpace
 from ..kernels.template import Kernel, Template, register
 from . import sketch
 from .codegen import kernel_source
+from .groups import Unsupported, declare
 from .workload import TeWorkload
 
 
@@ -33,3 +40,56 @@ class TeTemplate(Template):
     def build(self, wl: TeWorkload, cfg: Config) -> Kernel:
         src, tensors = kernel_source(wl.plan, dict(cfg.values))
         return Kernel(src, ["out0", *(f"in{k}" for k in range(len(tensors) - 1))])
+
+
+@functools.lru_cache(maxsize=512)
+def _declared(key: str):
+    from ..kernels.workload import Workload
+    try:
+        return declare(Workload(json.loads(key)))
+    except Unsupported:
+        return None
+
+
+def declared(wl):
+    """The te declaration of an ONNX workload (groups.py), or None."""
+    if isinstance(wl, TeWorkload):
+        return None
+    return _declared(json.dumps(wl.json, sort_keys=True))
+
+
+class _Group(Template):
+    def matches(self, wl) -> bool:
+        return declared(wl) is not None
+
+    def space(self, wl) -> ConfigSpace:
+        return sketch.space(declared(wl).plan)
+
+    def default_config(self, wl, space: ConfigSpace) -> Config:
+        return space.from_values(sketch.default_values(declared(wl).plan, space))
+
+    def features(self, wl, cfg: Config) -> dict:
+        return sketch.loop_features(declared(wl).plan, dict(cfg.values))
+
+    def build(self, wl, cfg: Config) -> Kernel:
+        d = declared(wl)
+        src, _ = kernel_source(d.plan, dict(cfg.values))
+        packs = d.packs
+        return Kernel(src, list(d.args), (lambda consts: {n: fn(consts) for n, fn in packs.items()}) if packs else None)
+
+
+@register
+class TeGroup(_Group):
+    name = "te_group"
+    priority = 99                 # after every hand-written template, before the numpy fallback
+
+
+def _alternative(name: str, to: str):
+    cls = type(f"Te_{to}", (_Group,), {"name": name, "alternative_to": to, "priority": 99})
+    register(cls)
+    return cls
+
+
+for _name, _to in (("te_conv2d", "conv2d"), ("te_depthwise", "depthwise_conv2d"), ("te_dense", "dense"),
+                   ("te_matmul", "batch_matmul")):
+    _alternative(_name, _to)
