@@ -121,7 +121,7 @@ class _Nest:
         self.p, self.emit = p, emit
         self.shape = shape = list(p.tensor.shape)
         self.n = len(shape)
-        self.dt = p.tensor.dtype
+        self.dt = p.reduce.dtype if p.reduce is not None else p.tensor.dtype    # the accumulators'
         self.vred = v.get("vectorize") == "reduce"      # lanes along the innermost reduce axis
         self.L = lanes
         self.NR = 1 if self.vred else v["tile_n"]

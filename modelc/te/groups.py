@@ -42,6 +42,12 @@ class Split:
     b: int
 
 
+def _scalar(idx):
+    """The index of a rank-0 value's one element: the output's axis where the group's result is
+    this value (a (1,) stage read at its own axis fuses), else 0."""
+    return idx[0] if idx else 0
+
+
 def flat(i):
     return i.blk * i.b + i.lane if isinstance(i, Split) else i
 
@@ -123,7 +129,7 @@ class _Builder:
             return Value(tuple(t.shape), dt, at)
         P = self._placeholder(t.shape, dt, f"in{k}")
         if not t.shape:
-            return Value((), dt, lambda idx: P[0])
+            return Value((), dt, lambda idx: P[_scalar(idx)])
         return Value(tuple(t.shape), dt, lambda idx: P[tuple(flat(i) for i in idx)])
 
     def _param(self, ref: str) -> Value:
@@ -171,7 +177,7 @@ class _Builder:
         elif out.shape:
             res = compute(tuple(out.shape), lambda *ax: cast(val.at(list(ax))), name="out")
         else:
-            res = compute((1,), lambda q0: cast(val.at([])), name="out")
+            res = compute((1,), lambda q0: cast(val.at([q0])), name="out")
         dag = ComputeDAG([*self.tensors, res])
         plans = plan_of(dag)
         if len(plans) != 1:
@@ -196,6 +202,8 @@ class _Builder:
 def _broadcast(v: Value, shape: tuple):
     """v's element at indices of the (numpy-broadcast) `shape`."""
     r, q = len(shape), len(v.shape)
+    if not r:
+        return v.at
 
     def at(idx):
         sub = idx[r - q:]
@@ -492,7 +500,7 @@ def _einsum(b: _Builder, op, wl):
     stage = compute(out_shape or (1,), body if out else (lambda q0: body()), name="einsum")
 
     def at(idx):
-        return stage[tuple(flat(i) for i in idx)] if out_shape else stage[0]
+        return stage[tuple(flat(i) for i in idx)] if out_shape else stage[_scalar(idx)]
     return Value(out_shape, vals[0].dtype, at)
 
 
@@ -548,7 +556,7 @@ def _reduce(b: _Builder, op, wl):
     count = math.prod(x.shape[a] for a in axes)
 
     def at(idx):
-        v = stage[tuple(flat(i) for i in idx)] if out_shape else stage[0]
+        v = stage[tuple(flat(i) for i in idx)] if out_shape else stage[_scalar(idx)]
         if dt == "bool":
             return E.cast("bool", v)
         if op.op == "ReduceMean":
