@@ -60,10 +60,12 @@ def test_killed_run_keeps_records_and_resume_reaches_the_budget(tuned):
     # the resumed run re-measured nothing: a config appears twice only when it was rechecked
     assert max(pairs.count(p) for p in pairs) <= 2
     assert all(r.error == R.NO_ERROR for r in after), [r.error_msg for r in after if r.error]
-    # the stride-1 conv is tuned with both algorithms, the stride-2 one with the direct conv only
-    assert {r.template for r in after} == {"conv2d", "conv2d_winograd"}
+    # the stride-1 conv is tuned with three algorithms (direct, Winograd, the te declaration), the
+    # stride-2 one with two (no Winograd)
+    assert {r.template for r in after} == {"conv2d", "conv2d_winograd", "te_conv2d"}
     winograd = {r.key for r in after if r.template == "conv2d_winograd"}
     assert len(winograd) == 1 and len({r.key for r in after}) == 2
+    assert len({r.key for r in after if r.template == "te_conv2d"}) == 2
 
 
 def test_apply_history_best_uses_the_best_records(tuned, caplog):
@@ -89,7 +91,7 @@ def test_records_cli(tuned, tmp_path, capsys):
     _, log, _ = tuned
     out = str(tmp_path / "best.jsonl")
     assert main(["records", "distill", log, "-o", out]) == 0
-    assert len(R.load_records(out)) == 3       # two workloads, one of them with two algorithms
+    assert len(R.load_records(out)) == 5       # two workloads: one with three algorithms, one with two
     assert main(["records", "show", log]) == 0
     assert "12 records" in capsys.readouterr().out
 

@@ -332,7 +332,7 @@ class _Nest:
         if self.vred:
             out = []
             for m, env in enumerate(self._envs()):
-                s = f"s{m}"
+                s = f"red{m}"          # not s{m}: s2 is the second row axis's shift
                 e = {**env, id(p.axis[-1]): "j0", "acc": s}
                 idx = [e[id(a)] for a in p.axis]
                 out += guard(m, [f"{s} = {_INIT[p.reduce.op](self.dt)}", f"for jj in range({self.U * self.L}):",

@@ -512,12 +512,11 @@ def _reduce(b: _Builder, op, wl):
     from ..ops.params import axis_index
     x = b.value(op.args[0])
     rank = len(x.shape)
+    axes = []                                    # axes are an input (opset 18's form) after import
     if len(op.args) > 1 and op.args[1]:
         if not op.args[1].startswith("p"):
             raise Unsupported("runtime axes")
         axes = [int(v) for v in np.ravel(wl.params[op.args[1]])]
-    else:
-        axes = [int(v) for v in op.attr("axes", [])]
     if not axes:
         if int(op.attr("noop_with_empty_axes", 0)):
             raise Unsupported("no-op reduction")

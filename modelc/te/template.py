@@ -3,8 +3,8 @@
 Records of a user's te kernels are filed under the template name "te", so the measurer's workers,
 the records' checks and ApplyHistoryBest find it like any template; it never matches an ONNX
 workload. A fused ONNX group declared in te (groups.py) is "te_group" where no hand-written
-template takes it (instead of the numpy fallback), and "te_conv2d", "te_depthwise", "te_dense" or
-"te_matmul" beside the template that does: a second algorithm, tuned as a task of its own and
+template takes it (instead of the numpy fallback), and "te_conv2d", "te_depthwise", "te_conv" (beside
+conv_generic), "te_dense" or "te_matmul" beside the template that does: a second algorithm, tuned as a task of its own and
 chosen only by a faster record (as Winograd is).
 """
 from __future__ import annotations
@@ -90,6 +90,6 @@ def _alternative(name: str, to: str):
     return cls
 
 
-for _name, _to in (("te_conv2d", "conv2d"), ("te_depthwise", "depthwise_conv2d"), ("te_dense", "dense"),
-                   ("te_matmul", "batch_matmul")):
+for _name, _to in (("te_conv2d", "conv2d"), ("te_depthwise", "depthwise_conv2d"), ("te_conv", "conv_generic"),
+                   ("te_dense", "dense"), ("te_matmul", "batch_matmul")):
     _alternative(_name, _to)
