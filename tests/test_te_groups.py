@@ -49,7 +49,8 @@ def conv_guarded():
                [{"op": "Conv", "attrs": _conv_attrs(3, s=2, p=2, d=2), "args": ["i0", "i1"]},
                 {"op": "Clip", "attrs": {}, "args": ["v0", "p0", "p1"]}],
                _t((1, 12, 6, 5), value="v1"),
-               {"p0": {"dtype": "float32", "shape": [], "value": 0.0}, "p1": {"dtype": "float32", "shape": [], "value": 6.0}})
+               {"p0": {"dtype": "float32", "shape": [], "value": 0.0},
+                "p1": {"dtype": "float32", "shape": [], "value": 6.0}})
 
 
 def conv_plain():
@@ -103,9 +104,12 @@ def reduce_l2():
 
 
 # case: (workload, the te template that builds it, the template `compile` picks by default)
-CASES = {"conv_residual": (conv_residual, "te_conv2d", "conv2d"), "conv_guarded": (conv_guarded, "te_conv", "conv_generic"),
-         "conv_plain": (conv_plain, "te_conv", "conv_generic"), "depthwise": (depthwise, "te_depthwise", "depthwise_conv2d"),
-         "dense_gelu": (dense_gelu, "te_dense", "dense"), "matmul_where_f64": (matmul_where_f64, "te_group", "te_group"),
+CASES = {"conv_residual": (conv_residual, "te_conv2d", "conv2d"),
+         "conv_guarded": (conv_guarded, "te_conv", "conv_generic"),
+         "conv_plain": (conv_plain, "te_conv", "conv_generic"),
+         "depthwise": (depthwise, "te_depthwise", "depthwise_conv2d"),
+         "dense_gelu": (dense_gelu, "te_dense", "dense"),
+         "matmul_where_f64": (matmul_where_f64, "te_group", "te_group"),
          "einsum_diagonal": (lambda: einsum("bii->bi", [(2, 5, 5)], (2, 5)), "te_group", "te_group"),
          "einsum_inner": (lambda: einsum("i,i", [(7,), (7,)], ()), "te_group", "te_group"),
          "einsum_three": (lambda: einsum("ij,jk,k->i", [(4, 5), (5, 3), (3,)], (4,)), "te_group", "te_group"),
@@ -219,8 +223,8 @@ def test_a_faster_te_record_replaces_the_template_kernel(tmp_path):
     space = get("te_conv2d").space(wl)
     cfg = next(c for c in map(space.get, range(len(space) // 3, len(space))) if space.is_valid(c))
     with R.RecordWriter(log) as wr:
-        for name, cost, values in [("conv2d", 2e-3, dict(get("conv2d").default_config(wl, get("conv2d").space(wl)).values)),
-                                   ("te_conv2d", 1e-3, dict(cfg.values))]:
+        direct = get("conv2d").default_config(wl, get("conv2d").space(wl))
+        for name, cost, values in [("conv2d", 2e-3, dict(direct.values)), ("te_conv2d", 1e-3, dict(cfg.values))]:
             wr.write(R.Record(t.key, t.desc, name, values, [cost] * 3, target=R.current_target(),
                               workload=t.workload, timestamp=1.0))
     with modelc.ApplyHistoryBest(log):

@@ -352,12 +352,12 @@ def _conv(b: _Builder, op, wl):
     if len(x.shape) != 4 or len(w.shape) != 4 or not _is_float(x.dtype) or np.dtype(w.dtype).name != x.dtype:
         raise Unsupported("Conv rank or dtype")
     n, C, H, W = x.shape
-    O, Cg, KH, KW = w.shape
+    K, Cg, KH, KW = w.shape
     G = int(op.attr("group", 1))
     sy, sx = op.attr("strides", [1, 1])
     dy, dx = op.attr("dilations", [1, 1])
     pt, pl, pb, pr = op.attr("pads", [0, 0, 0, 0])
-    depthwise = G > 1 and Cg == 1 and O == C == G
+    depthwise = G > 1 and Cg == 1 and K == C == G
     if not (G == 1 or depthwise):
         raise Unsupported("grouped Conv")
     out_shape = tuple(wl.spec(f"v{op.index}").shape)
@@ -379,10 +379,10 @@ def _conv(b: _Builder, op, wl):
     wv = np.dtype(w.dtype).name
     if blk:
         if depthwise:
-            Wp = b._placeholder((O // blk, KH, KW, blk), wv, f"te_w{wk}",
+            Wp = b._placeholder((K // blk, KH, KW, blk), wv, f"te_w{wk}",
                                 lambda consts: _pack_depthwise(consts[wk], blk))
         else:
-            Wp = b._placeholder((O // blk, Cg, KH, KW, blk), wv, f"te_w{wk}",
+            Wp = b._placeholder((K // blk, Cg, KH, KW, blk), wv, f"te_w{wk}",
                                 lambda consts: _pack_conv(consts[wk], blk))
     else:
         Wp = b._placeholder(w.shape, wv, f"in{wk}")
@@ -404,12 +404,12 @@ def _conv(b: _Builder, op, wl):
             wt = Wp[c.blk, rc, ky, kx, c.lane] if blk else Wp[c, rc, ky, kx]
             return reduction("sum", tap(nn, rc, y, xx, ky, kx) * wt, (rc, ky, kx))
     if blk:
-        stage = compute((n, O // blk, OH, OW, blk), lambda q0, q1, q2, q3, q4: body(q0, Split(q1, q4, blk), q2, q3),
+        stage = compute((n, K // blk, OH, OW, blk), lambda q0, q1, q2, q3, q4: body(q0, Split(q1, q4, blk), q2, q3),
                         name="conv")
     else:
         stage = compute(out_shape, lambda q0, q1, q2, q3: body(q0, q1, q2, q3), name="conv")
     bias = b.value(op.args[2]) if len(op.args) > 2 and op.args[2] else None
-    if bias is not None and (bias.shape != (O,) or bias.dtype != x.dtype):
+    if bias is not None and (bias.shape != (K,) or bias.dtype != x.dtype):
         raise Unsupported("Conv bias")
 
     def at(idx):
@@ -426,13 +426,13 @@ def _conv(b: _Builder, op, wl):
 
 
 def _pack_conv(w, b):
-    O, Cg, KH, KW = w.shape
-    return np.ascontiguousarray(w.reshape(O // b, b, Cg, KH, KW).transpose(0, 2, 3, 4, 1))
+    K, Cg, KH, KW = w.shape
+    return np.ascontiguousarray(w.reshape(K // b, b, Cg, KH, KW).transpose(0, 2, 3, 4, 1))
 
 
 def _pack_depthwise(w, b):
-    O, _, KH, KW = w.shape
-    return np.ascontiguousarray(w.reshape(O // b, b, KH, KW).transpose(0, 2, 3, 1))
+    K, _, KH, KW = w.shape
+    return np.ascontiguousarray(w.reshape(K // b, b, KH, KW).transpose(0, 2, 3, 1))
 
 
 def _matmul(b: _Builder, op, wl):
@@ -531,7 +531,6 @@ def _reduce(b: _Builder, op, wl):
         raise Unsupported(f"{op.op} of {dt}")
     out_shape = tuple(wl.spec(f"v{op.index}").shape)
     rax = {a: reduce_axis((0, x.shape[a]), f"r{a}") for a in axes}
-    work = "int32" if dt == "bool" else dt
 
     def body(*ax):
         it = iter(ax)

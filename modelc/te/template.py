@@ -4,8 +4,8 @@ Records of a user's te kernels are filed under the template name "te", so the me
 the records' checks and ApplyHistoryBest find it like any template; it never matches an ONNX
 workload. A fused ONNX group declared in te (groups.py) is "te_group" where no hand-written
 template takes it (instead of the numpy fallback), and "te_conv2d", "te_depthwise", "te_conv" (beside
-conv_generic), "te_dense" or "te_matmul" beside the template that does: a second algorithm, tuned as a task of its own and
-chosen only by a faster record (as Winograd is).
+conv_generic), "te_dense" or "te_matmul" beside the template that does: a second algorithm, tuned as
+a task of its own and chosen only by a faster record (as Winograd is).
 """
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ def tuning_tasks(model, shape: dict | None = None) -> list[Task]:
     out = []
     for t in extract_tasks(model, shape):
         for name in ([t.template] if t.tunable else []) + t.alternatives:
-            desc = t.desc if name == t.template else f"{t.desc} [{'te' if name.startswith('te_') else name.split('_')[-1]}]"
+            label = "te" if name.startswith("te_") else name.split("_")[-1]
+            desc = t.desc if name == t.template else f"{t.desc} [{label}]"
             out.append(dataclasses.replace(t, desc=desc, template=name, tunable=True, alternatives=[]))
     return out
 
