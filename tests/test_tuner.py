@@ -252,3 +252,56 @@ def test_preferred_configs_come_first_and_only_once():
     tuner.update(first, [1e-3] * len(first))
     later = [c.index for _ in range(5) for c in tuner.next_batch(4)]
     assert default.index not in later
+
+
+# ---- Ansor's evolutionary search ------------------------------------------------------------------
+
+def evolutionary_task(key="A"):
+    task = synthetic_task(key)
+    task.tpl = SimpleNamespace(name="synthetic", search="evolutionary")
+    return task
+
+
+def test_mutation_rules_group_the_knobs_and_change_one_knob():
+    tuner = XGBTuner(evolutionary_task(), seed=0)
+    kinds = tuner.mutation_kinds()
+    names = {k: [tuner.space.knobs[j].name for j in js] for k, js in kinds.items()}
+    assert names == {"tile_size": ["tile_x", "tile_y"], "parallel": ["order"], "unroll": ["unroll"],
+                     "compute_location": ["sp", "vec"]}
+    pop = np.array([tuner.digits(i) for i in tuner._random_unvisited(200)])
+    kids = tuner.mutate(pop)
+    changed = (kids != pop).sum(axis=1)
+    assert changed.max() == 1 and changed.mean() > 0.6            # one knob each (a +-1 step may clip)
+    assert all(0 <= kids[:, j].min() and kids[:, j].max() < r for j, r in enumerate(tuner.radix))
+    for kind, js in kinds.items():                                 # every rule is applied
+        assert (kids[:, js] != pop[:, js]).any(), kind
+
+
+def test_crossover_takes_each_rule_s_knobs_from_one_parent():
+    tuner = XGBTuner(evolutionary_task(), seed=0)
+    a = np.array([tuner.digits(i) for i in tuner._random_unvisited(100)])
+    b = np.array([tuner.digits(i) for i in tuner._random_unvisited(100)])
+    kids = tuner.crossover(a, b)
+    for js in tuner.mutation_kinds().values():
+        from_a = (kids[:, js] == a[:, js]).all(axis=1)
+        from_b = (kids[:, js] == b[:, js]).all(axis=1)
+        assert (from_a | from_b).all()
+    assert (kids != a).any() and (kids != b).any()
+
+
+def test_evolutionary_search_plans_valid_unvisited_configs_and_beats_random():
+    for seed in SEEDS:
+        tuner = XGBTuner(evolutionary_task(), seed=seed)
+        evo = tune(tuner, 100, seed=seed)
+        assert tuner.n_train > 0
+        rnd = tune(RandomTuner(synthetic_task(), seed=seed), 200, seed=seed)
+        assert min(evo) <= min(rnd), f"seed {seed}: evolutionary {min(evo):.3g} vs random@200 {min(rnd):.3g}"
+        plan = tuner._plan_evolutionary()
+        assert plan and len(set(plan)) == len(plan)
+        assert all(tuner.is_valid(i) and not tuner.visited(i) for i in plan)
+
+
+def test_te_spaces_are_searched_by_evolution():
+    from modelc.kernels.template import get
+    assert get("te").search == "evolutionary" and get("te_conv2d").search == "evolutionary"
+    assert getattr(get("conv2d"), "search", "sa") == "sa"

@@ -24,6 +24,7 @@ from .workload import TeWorkload
 class TeTemplate(Template):
     name = "te"
     priority = 1000
+    search = "evolutionary"       # the XGBoost tuner plans with Ansor's evolutionary search
 
     def matches(self, wl) -> bool:
         return isinstance(wl, TeWorkload)
@@ -59,6 +60,7 @@ def declared(wl):
 
 
 class _Group(Template):
+    search = "evolutionary"
     def matches(self, wl) -> bool:
         return declared(wl) is not None
 

@@ -1,4 +1,5 @@
-"""AutoTVM's model-based tuner: an XGBoost cost model ranks configs, simulated annealing plans."""
+"""AutoTVM's model-based tuner: an XGBoost cost model ranks configs, simulated annealing plans (or,
+for the spaces derived from a te declaration, Ansor's evolutionary search)."""
 from __future__ import annotations
 
 import math
@@ -28,8 +29,9 @@ class XGBTuner(Tuner):
     def __init__(self, task, seed: int = 0, loss: str = "rank", plan_size: int = 64,
                  epsilon: float = 0.05, sa_iters: int = 40, retrain_growth: float = 1.2,
                  sa_points: int = 64, min_train: int = 8, num_boost_round: int = 60,
-                 max_history: int = 2000, own_weight: float = 4.0, **kw):
+                 max_history: int = 2000, own_weight: float = 4.0, crossover_prob: float = 0.15, **kw):
         super().__init__(task, seed, **kw)
+        self.crossover_prob = crossover_prob
         self.plan_size, self.epsilon, self.sa_iters = plan_size, epsilon, sa_iters
         self.retrain_growth, self.sa_points, self.min_train = retrain_growth, sa_points, min_train
         self.max_history, self.own_weight = max_history, own_weight
@@ -166,7 +168,89 @@ class XGBTuner(Tuner):
         return [i for i, _ in sorted(top.items(), key=lambda kv: -kv[1])][:self.plan_size]
 
     def _replan(self):
-        self._plan = self._plan_small() if self.small else self._plan_sa()
+        if self.small:
+            self._plan = self._plan_small()
+        elif getattr(self.template, "search", "sa") == "evolutionary":
+            self._plan = self._plan_evolutionary()
+        else:
+            self._plan = self._plan_sa()
+
+    # ---- Ansor's evolutionary search (derived spaces) ---------------------------------------------
+    def mutation_kinds(self) -> dict:
+        """Ansor's mutation rules as groups of knobs: tile sizes, parallel granularity, unrolling,
+        and where and how the computation is laid out (compute location, vectorised axis)."""
+        kinds = {}
+        for j, k in enumerate(self.space.knobs):
+            if self.radix[j] < 2:
+                continue
+            n = k.name
+            kind = ("tile_size" if "tile" in n or "block" in n else "unroll" if "unroll" in n else
+                    "parallel" if n in ("order", "m_group") or "parallel" in n else "compute_location")
+            kinds.setdefault(kind, []).append(j)
+        return kinds
+
+    def mutate(self, pop: np.ndarray) -> np.ndarray:
+        """Each member mutated by one rule (a rule chosen uniformly, then one of its knobs): a tile
+        size to a neighbouring or any candidate, the other rules to any other candidate."""
+        kinds = list(self.mutation_kinds().values())
+        out = pop.copy()
+        for row in out:
+            knobs = kinds[self.rng.integers(len(kinds))]
+            j = knobs[self.rng.integers(len(knobs))]
+            r = self.radix[j]
+            if self.rng.random() < 0.5:
+                row[j] = min(max(row[j] + self.rng.choice([-1, 1]), 0), r - 1)
+            else:
+                row[j] = (row[j] + 1 + self.rng.integers(r - 1)) % r      # any other value
+        return out
+
+    def crossover(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Children taking each knob group (a mutation kind: the steps of one rule) from either parent."""
+        kids = a.copy()
+        for knobs in self.mutation_kinds().values():
+            take = self.rng.random(len(a)) < 0.5
+            for j in knobs:
+                kids[take, j] = b[take, j]
+        return kids
+
+    def _plan_evolutionary(self) -> list:
+        """Ansor's evolutionary search over model scores: a population of the best measured configs
+        and random ones; each generation picks parents in proportion to their scores, makes children
+        by crossover (`crossover_prob`) or mutation, and keeps the best `sa_points` valid ones; the
+        plan is the best unvisited configs seen. The budget matches simulated annealing's
+        (`sa_iters` generations of `sa_points`)."""
+        if not self.mutation_kinds():
+            return []
+        best = sorted(self.measured, key=self.measured.get)[: self.sa_points // 2]
+        starts = best + self._random_unvisited(self.sa_points - len(best))
+        pop = np.array([self.digits(i) for i in starts or [0]], dtype=np.int64)
+        scores = self.model.predict(self.feat.rows(pop))
+        top: dict[int, float] = {}
+
+        def consider(ws, ss):
+            for idx, sc in zip(self.indices(ws), ss):
+                if idx not in top and not self.visited(idx):
+                    top[idx] = float(sc)
+        consider(pop, scores)
+        n = self.sa_points
+        for _ in range(self.sa_iters):
+            w = np.exp((scores - scores.max()) / (float(np.std(scores)) + 1e-9))
+            p = w / w.sum()
+            pa = pop[self.rng.choice(len(pop), size=n, p=p)]
+            pb = pop[self.rng.choice(len(pop), size=n, p=p)]
+            cross = (self.rng.random(n) < self.crossover_prob)[:, None]
+            kids = np.where(cross, self.crossover(pa, pb), self.mutate(pa))
+            ok = np.array([self.is_valid(i) for i in self.indices(kids)], dtype=bool)
+            if not ok.any():
+                continue
+            kids = kids[ok]
+            ks = self.model.predict(self.feat.rows(kids))
+            consider(kids, ks)
+            allp, alls = np.concatenate([pop, kids]), np.concatenate([scores, ks])
+            _, first = np.unique(np.asarray(self.indices(allp)), return_index=True)
+            keep = first[np.argsort(-alls[first], kind="stable")[:n]]
+            pop, scores = allp[keep], alls[keep]
+        return [i for i, _ in sorted(top.items(), key=lambda kv: -kv[1])][:self.plan_size]
 
     # ---- proposing ------------------------------------------------------------------------------
     def _propose(self, n):
