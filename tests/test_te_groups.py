@@ -201,6 +201,10 @@ def test_groups_no_template_takes_compile_without_the_fallback(tmp_path):
     ref = modelc.reference.run(modelc.from_onnx(path), {"x": x})
     np.testing.assert_allclose(got["d"], ref["d"], rtol=1e-12, atol=1e-12 * np.abs(ref["d"]).max())
     np.testing.assert_array_equal(got["any"], ref["any"])
+    # a saved module rebuilds its te kernels from the workloads it carries
+    mod.save(str(tmp_path / "einsums.modelc"))
+    again = modelc.load(str(tmp_path / "einsums.modelc")).run({"x": x})
+    assert all(np.array_equal(again[k], got[k]) for k in got)
 
 
 def test_a_faster_te_record_replaces_the_template_kernel(tmp_path):
