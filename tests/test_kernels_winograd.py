@@ -78,7 +78,8 @@ def test_what_it_matches():
     assert WINO.matches(conv2d_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0))
     for kw in (dict(k=3, s=2, p=1), dict(k=5, s=1, p=2), dict(k=1, s=1, p=0), dict(k=3, s=1, p=2, dil=2)):
         wl = conv2d_wl(C=16, H=8, W=8, K=16, hin=kw["p"], hout=0, **kw)
-        assert not WINO.matches(wl) and alternatives(wl, template.select(wl)) == [], kw
+        # no Winograd; the te declaration stays a second algorithm
+        assert not WINO.matches(wl) and [t.name for t in alternatives(wl, template.select(wl))] == ["te_conv2d"], kw
     # too small to hold one 2x2 output tile
     assert not WINO.matches(conv2d_wl(C=16, H=3, W=3, K=16, k=3, s=1, p=0, hin=0, hout=0))
 
@@ -101,7 +102,7 @@ def test_compile_takes_the_faster_algorithm_of_a_workload(tmp_path, faster):
     path = str(tmp_path / "m.onnx")
     _model(path)
     (task,) = [t for t in extract_tasks(path) if t.pattern.startswith("conv")]
-    assert task.template == "conv2d" and task.alternatives == ["conv2d_winograd"]
+    assert task.template == "conv2d" and task.alternatives == ["conv2d_winograd", "te_conv2d"]
     target = R.current_target()
     recs = []
     for name in ("conv2d", "conv2d_winograd"):

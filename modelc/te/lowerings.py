@@ -1,0 +1,420 @@
+"""te lowerings of the ONNX ops a fused group may hold (groups.py declares the group with them).
+
+Each lowering takes the group's builder, the op and the workload, and returns the op's Value: its
+logical shape and dtype and its element at logical indices, as a te expression. Elementwise ops
+stay expressions (always inlined); an anchor with a reduction (Conv, Dense, MatMul, Einsum, the
+Reduce ops) declares a te stage, in the blocked order of the group's output where it can, so the
+store fuses with it. A form outside what is lowered raises Unsupported and the group keeps its
+template (or the numpy fallback).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import expr as E
+from .tensor import compute, reduce_axis, reduction
+
+class Unsupported(Exception):
+    """The group has no te declaration (an op, form or dtype outside what is lowered here)."""
+
+
+@dataclass
+class Split:
+    """A channel index as (block, lane) of blocks of b: blk * b + lane."""
+    blk: E.Expr
+    lane: E.Expr
+    b: int
+
+
+def scalar(idx):
+    """The index of a rank-0 value's one element: the output's axis where the group's result is
+    this value (a (1,) stage read at its own axis fuses), else 0."""
+    return idx[0] if idx else 0
+
+
+def flat(i):
+    return i.blk * i.b + i.lane if isinstance(i, Split) else i
+
+
+@dataclass
+class Value:
+    """A value of the group: its logical shape and dtype, and its element at logical indices."""
+    shape: tuple
+    dtype: str
+    at: object                  # idx (list of Expr | Split) -> Expr
+
+
+# ---- op lowerings ---------------------------------------------------------------------------
+
+def _broadcast(v: Value, shape: tuple):
+    """v's element at indices of the (numpy-broadcast) `shape`."""
+    r, q = len(shape), len(v.shape)
+    if not r:
+        return v.at
+
+    def at(idx):
+        sub = idx[r - q:]
+        return v.at([E.Const(0, E.INDEX) if d == 1 and s != 1 else i for i, d, s in zip(sub, v.shape, shape[r - q:])])
+    return at
+
+
+def _elementwise(fn, n_args=None):
+    def lower(b, op, wl):
+        refs = [a for a in op.args]
+        if n_args is not None:
+            refs = refs[:n_args]
+        vals = [b.value(a) if a else None for a in refs]
+        present = [v for v in vals if v is not None]
+        shape = tuple(np.broadcast_shapes(*(v.shape for v in present)))
+        ats = [None if v is None else _broadcast(v, shape) for v in vals]
+        dt = np.dtype(wl.spec(f"v{op.index}").dtype).name
+        probe = fn(op, [None if v is None else v.dtype for v in vals], dt)     # refuse early
+        if probe is False:
+            raise Unsupported(f"{op.op} on {[v.dtype for v in present]}")
+
+        def at(idx):
+            return fn(op, [None if a is None else a(idx) for a in ats], dt)
+        return Value(shape, dt, at)
+    return lower
+
+
+def _is_float(dt) -> bool:
+    return dt is not None and np.dtype(dt).kind == "f"
+
+
+def _unary(make, floats_only=True):
+    def fn(op, a, dt):
+        if isinstance(a[0], str) or a[0] is None:
+            return not floats_only or _is_float(a[0])
+        return make(op, a[0], dt)
+    return fn
+
+
+def _c(v, dt):
+    return E.Const(float(v) if np.dtype(dt).kind == "f" else int(v), dt)
+
+
+def _binary(make, floats_only=False, bools=False):
+    def fn(op, a, dt):
+        if any(x is None or isinstance(x, str) for x in a):
+            dts = [x for x in a if isinstance(x, str)]
+            if len(dts) != len(a) or len(set(dts)) != 1:
+                return False
+            k = np.dtype(dts[0]).kind
+            return (k == "f" or not floats_only) and (bools or k != "b")
+        return make(a, dt)
+    return fn
+
+
+def _clip(op, a, dt):
+    if isinstance(a[0], str) or a[0] is None:
+        return _is_float(a[0]) and all(x is None or x == a[0] for x in a[1:])
+    out = a[0]
+    if len(a) > 1 and a[1] is not None:
+        out = E.call("max", out, a[1])
+    if len(a) > 2 and a[2] is not None:
+        out = E.call("min", out, a[2])
+    return out
+
+
+def _where(op, a, dt):
+    if any(x is None or isinstance(x, str) for x in a):
+        return len(a) == 3 and a[0] == "bool" and a[1] == a[2] and a[1] is not None
+    return E.if_then_else(a[0], a[1], a[2])
+
+
+def _cast(op, a, dt):
+    if isinstance(a[0], str) or a[0] is None:
+        return a[0] is not None
+    return E.cast(dt, a[0])
+
+
+def _variadic(fn_name):
+    def fn(op, a, dt):
+        if any(x is None or isinstance(x, str) for x in a):
+            return all(x == a[0] for x in a) and a[0] is not None and a[0] != "bool"
+        out = a[0]
+        for x in a[1:]:
+            out = E.call(fn_name, out, x)
+        return out
+    return fn
+
+
+def _sigmoid(x):
+    return E.call("sigmoid", x)
+
+
+_ELEMENTWISE = {
+    "Identity": _unary(lambda op, x, dt: x, floats_only=False),
+    "Dropout": _unary(lambda op, x, dt: x, floats_only=False),
+    "Relu": _unary(lambda op, x, dt: E.call("max", x, _c(0, dt))),
+    "Neg": _unary(lambda op, x, dt: -x),
+    "Abs": _unary(lambda op, x, dt: E.call("abs", x)),
+    "Exp": _unary(lambda op, x, dt: E.call("exp", x)),
+    "Log": _unary(lambda op, x, dt: E.call("log", x)),
+    "Sqrt": _unary(lambda op, x, dt: E.call("sqrt", x)),
+    "Tanh": _unary(lambda op, x, dt: E.call("tanh", x)),
+    "Erf": _unary(lambda op, x, dt: E.call("erf", x)),
+    "Sigmoid": _unary(lambda op, x, dt: _sigmoid(x)),
+    "Reciprocal": _unary(lambda op, x, dt: _c(1, dt) / x),
+    "Swish": _unary(lambda op, x, dt: x * _sigmoid(_c(op.attr("alpha", 1.0), dt) * x)),
+    "LeakyRelu": _unary(lambda op, x, dt: E.if_then_else(x >= _c(0, dt), x, x * _c(op.attr("alpha", 0.01), dt))),
+    "HardSigmoid": _unary(lambda op, x, dt: E.call("min", E.call(
+        "max", _c(op.attr("alpha", 0.2), dt) * x + _c(op.attr("beta", 0.5), dt), _c(0, dt)), _c(1, dt))),
+    "HardSwish": _unary(lambda op, x, dt: x * E.call("min", E.call(
+        "max", x * _c(1 / 6, dt) + _c(0.5, dt), _c(0, dt)), _c(1, dt))),
+    "Gelu": _unary(lambda op, x, dt: (_c(0.5, dt) * x * (_c(1, dt) + E.call("erf", x * _c(1 / math.sqrt(2), dt))))
+                   if op.attr("approximate", "none") != "tanh" else
+                   (_c(0.5, dt) * x * (_c(1, dt) + E.call("tanh", _c(math.sqrt(2 / math.pi), dt)
+                                                          * (x + _c(0.044715, dt) * x * x * x))))),
+    "Add": _binary(lambda a, dt: a[0] + a[1]),
+    "Sub": _binary(lambda a, dt: a[0] - a[1]),
+    "Mul": _binary(lambda a, dt: a[0] * a[1]),
+    "Div": _binary(lambda a, dt: a[0] / a[1], floats_only=True),
+    "Equal": _binary(lambda a, dt: a[0] == a[1], bools=True),
+    "Less": _binary(lambda a, dt: a[0] < a[1]),
+    "LessOrEqual": _binary(lambda a, dt: a[0] <= a[1]),
+    "Greater": _binary(lambda a, dt: a[0] > a[1]),
+    "GreaterOrEqual": _binary(lambda a, dt: a[0] >= a[1]),
+    "And": _binary(lambda a, dt: a[0] & a[1], bools=True),
+    "Or": _binary(lambda a, dt: a[0] | a[1], bools=True),
+    "Max": _variadic("max"),
+    "Min": _variadic("min"),
+    "Clip": _clip,
+    "Where": _where,
+    "Cast": _cast,
+    "CastLike": lambda op, a, dt: _cast(op, a[:1], dt),
+}
+
+
+# ---- anchors with a reduction ---------------------------------------------------------------
+
+def _conv(b, op, wl):
+    """2-d convolution (groups 1, or depthwise), bias, any stride, dilation and padding."""
+    if len(op.args) < 2 or op.attr("auto_pad", "NOTSET") not in ("NOTSET", b""):
+        raise Unsupported("Conv form")
+    x = b.value(op.args[0])
+    wk = b.const_input(op.args[1])
+    w = wl.inputs[wk]
+    if len(x.shape) != 4 or len(w.shape) != 4 or not _is_float(x.dtype) or np.dtype(w.dtype).name != x.dtype:
+        raise Unsupported("Conv rank or dtype")
+    n, C, H, W = x.shape
+    K, Cg, KH, KW = w.shape
+    G = int(op.attr("group", 1))
+    sy, sx = op.attr("strides", [1, 1])
+    dy, dx = op.attr("dilations", [1, 1])
+    pt, pl, pb, pr = op.attr("pads", [0, 0, 0, 0])
+    depthwise = G > 1 and Cg == 1 and K == C == G
+    if not (G == 1 or depthwise):
+        raise Unsupported("grouped Conv")
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    OH, OW = out_shape[2:]
+    blk = b.blocked_anchor(out_shape)
+    xin = wl.inputs[int(op.args[0][1:])] if op.args[0].startswith("i") else None
+    halo = xin.layout[1] if xin is not None and xin.layout else 0
+    guard = halo < max(pt, pb, pl, pr)
+    bi = xin.layout[0] if xin is not None and xin.layout and not depthwise else 1
+
+    def tap(nn, ci, y, xx, ky, kx):
+        iy, ix = y * sy + ky * dy - pt, xx * sx + kx * dx - pl
+        v = x.at([nn, ci, iy, ix])
+        if not guard:
+            return v
+        return E.if_then_else((iy >= 0) & (iy < H) & (ix >= 0) & (ix < W), v, _c(0, x.dtype))
+
+    ky, kx = reduce_axis((0, KH), "ky"), reduce_axis((0, KW), "kx")
+    wv = np.dtype(w.dtype).name
+    if blk:
+        if depthwise:
+            Wp = b._placeholder((K // blk, KH, KW, blk), wv, f"te_w{wk}",
+                                lambda consts: _pack_depthwise(consts[wk], blk))
+        else:
+            Wp = b._placeholder((K // blk, Cg, KH, KW, blk), wv, f"te_w{wk}",
+                                lambda consts: _pack_conv(consts[wk], blk))
+    else:
+        Wp = b._placeholder(w.shape, wv, f"in{wk}")
+    if depthwise:
+        def body(nn, c, y, xx):
+            wt = Wp[c.blk, ky, kx, c.lane] if blk else Wp[c, 0, ky, kx]
+            return reduction("sum", tap(nn, c, y, xx, ky, kx) * wt, (ky, kx))
+    elif bi > 1 and C % bi == 0:
+        rco, rci = reduce_axis((0, C // bi), "rco"), reduce_axis((0, bi), "rci")
+
+        def body(nn, c, y, xx):
+            rc = rco * bi + rci
+            wt = Wp[c.blk, rc, ky, kx, c.lane] if blk else Wp[c, rc, ky, kx]
+            return reduction("sum", tap(nn, Split(rco, rci, bi), y, xx, ky, kx) * wt, (rco, ky, kx, rci))
+    else:
+        rc = reduce_axis((0, C), "rc")
+
+        def body(nn, c, y, xx):
+            wt = Wp[c.blk, rc, ky, kx, c.lane] if blk else Wp[c, rc, ky, kx]
+            return reduction("sum", tap(nn, rc, y, xx, ky, kx) * wt, (rc, ky, kx))
+    if blk:
+        stage = compute((n, K // blk, OH, OW, blk), lambda q0, q1, q2, q3, q4: body(q0, Split(q1, q4, blk), q2, q3),
+                        name="conv")
+    else:
+        stage = compute(out_shape, lambda q0, q1, q2, q3: body(q0, q1, q2, q3), name="conv")
+    bias = b.value(op.args[2]) if len(op.args) > 2 and op.args[2] else None
+    if bias is not None and (bias.shape != (K,) or bias.dtype != x.dtype):
+        raise Unsupported("Conv bias")
+
+    def at(idx):
+        nn, c, y, xx = idx
+        if blk:
+            if not (isinstance(c, Split) and c.b == blk):
+                c = flat(c)
+                c = Split(c // blk, c % blk, blk)
+            v = stage[nn, c.blk, y, xx, c.lane]
+        else:
+            v = stage[nn, flat(c), y, xx]
+        return v if bias is None else v + bias.at([c])
+    return Value(out_shape, x.dtype, at)
+
+
+def _pack_conv(w, b):
+    K, Cg, KH, KW = w.shape
+    return np.ascontiguousarray(w.reshape(K // b, b, Cg, KH, KW).transpose(0, 2, 3, 4, 1))
+
+
+def _pack_depthwise(w, b):
+    K, _, KH, KW = w.shape
+    return np.ascontiguousarray(w.reshape(K // b, b, KH, KW).transpose(0, 2, 3, 1))
+
+
+def _matmul(b, op, wl):
+    """numpy matmul of operands of rank >= 2 (batch dimensions broadcast); Dense is x @ w + bias."""
+    a, w = b.value(op.args[0]), b.value(op.args[1])
+    if len(a.shape) < 2 and op.op == "MatMul" or len(w.shape) < 2 or a.dtype != w.dtype or a.dtype == "bool":
+        raise Unsupported("MatMul form")
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    K = a.shape[-1]
+    if w.shape[-2] != K:
+        raise Unsupported("MatMul shapes")
+    k = reduce_axis((0, K), "k")
+    r = len(out_shape)
+
+    def body(*ax):
+        bat = list(ax[:-2])
+        ai = _batch(bat, a.shape[:-2], out_shape[:-2]) + [ax[-2], k] if len(a.shape) >= 2 else [k]
+        wi = _batch(bat, w.shape[:-2], out_shape[:-2]) + [k, ax[-1]]
+        return reduction("sum", a.at(ai) * w.at(wi), k)
+    if op.op == "Dense":        # x[..., K] @ w[K, N]: x's leading dims are the output's
+        def body(*ax):          # noqa: F811
+            return reduction("sum", a.at([*ax[:-1], k]) * w.at([k, ax[-1]]), k)
+    stage = compute(out_shape, body, name="matmul")
+    bias = b.value(op.args[2]) if len(op.args) > 2 and op.args[2] else None
+    bat = _broadcast(bias, out_shape) if bias is not None else None
+    if bias is not None and bias.dtype != a.dtype:
+        raise Unsupported("Dense bias")
+
+    def at(idx):
+        v = stage[tuple(flat(i) for i in idx)] if r else stage[0]
+        return v if bat is None else v + bat(idx)
+    return Value(out_shape, a.dtype, at)
+
+
+def _batch(idx, shape, out):
+    """Batch indices of an operand whose batch dims broadcast against the output's."""
+    r, q = len(out), len(shape)
+    return [E.Const(0, E.INDEX) if d == 1 and o != 1 else i for i, d, o in zip(idx[r - q:], shape, out[r - q:])]
+
+
+def _einsum(b, op, wl):
+    from ..ops.linalg import einsum_terms
+    vals = [b.value(a) for a in op.args]
+    try:
+        terms, out = einsum_terms(op.attr("equation", ""), [v.shape for v in vals])
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    if len({v.dtype for v in vals}) != 1 or vals[0].dtype == "bool":
+        raise Unsupported("Einsum dtypes")
+    sizes = {}
+    for t, v in zip(terms, vals):
+        for ch, d in zip(t, v.shape):
+            sizes[ch] = max(sizes.get(ch, 1), d)
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    summed = sorted({ch for t in terms for ch in t} - set(out))
+    raxes = {ch: reduce_axis((0, sizes[ch]), f"r_{ch}") for ch in summed}
+
+    def body(*ax):
+        env = {**dict(zip(out, ax)), **raxes}
+        prod = None
+        for t, v in zip(terms, vals):
+            e = v.at([E.Const(0, E.INDEX) if d == 1 and sizes[ch] != 1 else env[ch] for ch, d in zip(t, v.shape)])
+            prod = e if prod is None else prod * e
+        return reduction("sum", prod, [raxes[ch] for ch in summed]) if summed else prod
+    stage = compute(out_shape or (1,), body if out else (lambda q0: body()), name="einsum")
+
+    def at(idx):
+        return stage[tuple(flat(i) for i in idx)] if out_shape else stage[scalar(idx)]
+    return Value(out_shape, vals[0].dtype, at)
+
+
+_REDUCE = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max", "ReduceMin": "min",
+           "ReduceSumSquare": "sum", "ReduceL1": "sum", "ReduceL2": "sum"}
+
+
+def _reduce(b, op, wl):
+    from ..ops.params import axis_index
+    x = b.value(op.args[0])
+    rank = len(x.shape)
+    axes = []                                    # axes are an input (opset 18's form) after import
+    if len(op.args) > 1 and op.args[1]:
+        if not op.args[1].startswith("p"):
+            raise Unsupported("runtime axes")
+        axes = [int(v) for v in np.ravel(wl.params[op.args[1]])]
+    if not axes:
+        if int(op.attr("noop_with_empty_axes", 0)):
+            raise Unsupported("no-op reduction")
+        axes = list(range(rank))
+    axes = sorted({axis_index(a, rank) for a in axes})
+    keep = int(op.attr("keepdims", 1))
+    kind = _REDUCE[op.op]
+    dt = x.dtype
+    if not rank or any(x.shape[a] == 0 for a in axes):
+        raise Unsupported("empty reduction")
+    if (dt == "bool" and kind == "sum") or (op.op in ("ReduceMean", "ReduceL2") and not _is_float(dt)):
+        raise Unsupported(f"{op.op} of {dt}")
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    rax = {a: reduce_axis((0, x.shape[a]), f"r{a}") for a in axes}
+
+    def body(*ax):
+        it = iter(ax)
+        idx = []
+        for d in range(rank):
+            if d in rax:
+                idx.append(rax[d])
+                if keep:
+                    next(it)
+            else:
+                idx.append(next(it))
+        v = x.at(idx)
+        if dt == "bool":
+            v = E.cast("int32", v)
+        if op.op == "ReduceSumSquare" or op.op == "ReduceL2":
+            v = v * v
+        elif op.op == "ReduceL1":
+            v = E.call("abs", v)
+        return reduction(kind, v, [rax[a] for a in axes])
+    stage = compute(out_shape or (1,), body if out_shape else (lambda q0: body()), name="reduce")
+    count = math.prod(x.shape[a] for a in axes)
+
+    def at(idx):
+        v = stage[tuple(flat(i) for i in idx)] if out_shape else stage[scalar(idx)]
+        if dt == "bool":
+            return E.cast("bool", v)
+        if op.op == "ReduceMean":
+            return v / _c(count, dt)
+        if op.op == "ReduceL2":
+            return E.call("sqrt", v)
+        return v
+    return Value(out_shape, dt, at)
+
+
+LOWER = {**{k: _elementwise(fn) for k, fn in _ELEMENTWISE.items()},
+          "Conv": _conv, "MatMul": _matmul, "Dense": _matmul, "Einsum": _einsum,
+          **{k: _reduce for k in _REDUCE}}
