@@ -9,7 +9,8 @@ blocks, medians of each. Prints GFLOP/s and the ratio to numpy, with the CPU's n
 
 conv: ResNet-18's 3x3 conv on 56x56 (64 -> 64 channels, pad 1, + bias, ReLU) declared in te (NCHW, the
 padding a condition in the reduction) and the same ONNX Conv + Relu through the direct conv2d template
-(NCHWc), each tuned to --trials by the same measurer; prints both best latencies from the logs.
+(NCHWc), and the ONNX group's own te declaration (te_conv2d, the second algorithm `compile` may pick),
+each tuned to --trials by the same measurer; prints the best latencies from the logs.
 depthwise: likewise for MobileNetV2's depthwise conv 1x144x56x56 3x3 s1 p1 + bias + clip to [0, 6].
 """
 from __future__ import annotations
@@ -119,6 +120,7 @@ def conv_model(C, H, K, R, pad, stride=1, group=1, act="Relu"):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
+GROUP_TEMPLATE = {"conv2d": "te_conv2d", "depthwise_conv2d": "te_depthwise"}
 CASES = {   # te workload and arguments, the same layer as ONNX, its template, FLOPs, description
     "conv": (conv2d_bias_relu, (1, 64, 56, 56, 64, 3, 1), lambda: conv_model(64, 56, 64, 3, 1), "conv2d",
              2.0 * 64 * 56 * 56 * 64 * 9, "ResNet-18's conv2d 1x64x56x56 k64 3x3 p1 + bias + relu"),
@@ -152,10 +154,16 @@ def versus_template(args, case: str):
     tpl_log = os.path.join(args.log_dir, f"{case}_template.jsonl")
     tune(model, n_trials=args.trials, log=tpl_log, tasks=direct)
     tpl_best = min(r.cost for r in R.load_records(tpl_log) if r.error == R.NO_ERROR)
+    # the ONNX group itself declared in te (te/groups.py): the second algorithm `compile` may pick
+    group = [t for t in tuning_tasks(model) if t.template == GROUP_TEMPLATE[template]]
+    group_log = os.path.join(args.log_dir, f"{case}_te_group.jsonl")
+    tune(model, n_trials=args.trials, log=group_log, tasks=group)
+    te_best.append((f"te, the model's group ({GROUP_TEMPLATE[template]})",
+                    min(r.cost for r in R.load_records(group_log) if r.error == R.NO_ERROR)))
     print(f"\n{title} on {target.current().describe()}; {args.trials} trials each")
-    print(f"{'space':<30} {'best ms':>9} {'GFLOP/s':>9} {'template/te':>12}")
+    print(f"{'space':<36} {'best ms':>9} {'GFLOP/s':>9} {'template/te':>12}")
     for k, t in ((f"{template} template (NCHWc)", tpl_best), *te_best):
-        print(f"{k:<30} {t * 1e3:>9.4f} {flops / t / 1e9:>9.1f} {tpl_best / t:>12.2f}")
+        print(f"{k:<36} {t * 1e3:>9.4f} {flops / t / 1e9:>9.1f} {tpl_best / t:>12.2f}")
 
 
 def timed(fn, seconds: float = 0.5) -> float:
