@@ -61,12 +61,11 @@ def _broadcast(v: Value, shape: tuple):
     return at
 
 
-def _elementwise(fn, n_args=None):
+def _elementwise(fn):
+    """The lowering of an elementwise op: `fn(op, operands, dtype)` builds its expression; called
+    first with the operands' dtypes, it says whether it takes them (False: Unsupported)."""
     def lower(b, op, wl):
-        refs = [a for a in op.args]
-        if n_args is not None:
-            refs = refs[:n_args]
-        vals = [b.value(a) if a else None for a in refs]
+        vals = [b.value(a) if a else None for a in op.args]
         present = [v for v in vals if v is not None]
         shape = tuple(np.broadcast_shapes(*(v.shape for v in present)))
         ats = [None if v is None else _broadcast(v, shape) for v in vals]
