@@ -238,3 +238,18 @@ def test_a_faster_te_record_replaces_the_template_kernel(tmp_path):
     x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
     ref = modelc.reference.run(modelc.from_onnx(path), {"x": x})["y"]
     np.testing.assert_allclose(mod(x), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_a_lowering_that_fails_leaves_the_group_to_its_template_and_says_so(monkeypatch, caplog):
+    from modelc.te import template as te_template
+
+    def broken(wl):
+        raise IndexError("a lowering's bug")
+    monkeypatch.setattr(te_template, "declare", broken)
+    te_template._declared.cache_clear()
+    try:
+        wl = reduce_bool()
+        assert declared(wl) is None and select(wl).name == "reference"
+        assert "no te declaration for a ReduceMax group: IndexError: a lowering's bug" in caplog.text
+    finally:
+        te_template._declared.cache_clear()
