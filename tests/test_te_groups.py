@@ -253,3 +253,17 @@ def test_a_lowering_that_fails_leaves_the_group_to_its_template_and_says_so(monk
         assert "no te declaration for a ReduceMax group: IndexError: a lowering's bug" in caplog.text
     finally:
         te_template._declared.cache_clear()
+
+
+def test_nan_propagates_as_in_the_reference():
+    """max/min (Relu, Clip, te.max) are NaN in, NaN out, as numpy's maximum and onnxruntime: LLVM's
+    maxnum would turn a NaN into the clip bound."""
+    wl = conv_guarded()
+    inputs = wl.random_inputs(3)
+    inputs[0][0, 2, 4, 4] = np.nan
+    tpl = get("te_conv")
+    got, want, _, _ = testing.run(wl, tpl, tpl.default_config(wl, tpl.space(wl)), inputs=inputs)
+    assert np.isnan(want[0]).any()
+    np.testing.assert_array_equal(np.isnan(got[0]), np.isnan(want[0]))
+    ok = ~np.isnan(want[0])
+    np.testing.assert_allclose(got[0][ok], want[0][ok], rtol=1e-5, atol=1e-5 * np.abs(want[0][ok]).max())

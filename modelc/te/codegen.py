@@ -63,8 +63,8 @@ class _Emitter:
 def _call(e: Call, a: list) -> str:
     f32 = e.dtype == "float32"
     fl = np.dtype(e.dtype).kind == "f"
-    if e.fn in ("max", "min"):
-        return f"{('fmax' if e.fn == 'max' else 'fmin') if fl else e.fn}({a[0]}, {a[1]})"
+    if e.fn in ("max", "min"):      # NaN in, NaN out (numpy's maximum, ONNX's Max/Clip/Relu)
+        return f"{('fmaximum' if e.fn == 'max' else 'fminimum') if fl else e.fn}({a[0]}, {a[1]})"
     if e.fn == "exp":
         return f"fast_exp32({a[0]})" if f32 else f"math.exp({a[0]})"
     if e.fn == "erf":
@@ -97,9 +97,7 @@ def kernel_source(p: KernelPlan, values: dict | None = None) -> tuple[str, list]
         clamp |= {id(r) for r, *_ in unproven_reads(e)}
     nest = _Nest(p, v, _Emitter(names, clamp), lanes_of(p))
     body = nest.lines()
-    extra = FAST_EXP if any("fast_exp32(" in ln for ln in body) else []
-    if any("fmax(" in ln or "fmin(" in ln for ln in body):
-        extra = [imports("fmax", "fmin"), *extra]
+    extra = FAST_EXP if any("fast_exp32(" in ln for ln in body) else []    # (fmaximum ...: source() adds)
     dtypes = [t.dtype for t in tensors]
     return source([names[id(t)] for t in tensors], dtypes, body, extra=extra), tensors
 
@@ -244,7 +242,7 @@ class _Nest:
         op = self.p.reduce.op
         if op == "sum":
             return f"{a} = {a} + {val}"
-        fn = ("fmax" if op == "max" else "fmin") if np.dtype(self.dt).kind == "f" else op
+        fn = ("fmaximum" if op == "max" else "fminimum") if np.dtype(self.dt).kind == "f" else op
         return f"{a} = {fn}({a}, {val})"
 
     def _reduce_tile(self) -> list:
