@@ -264,7 +264,7 @@ def evolutionary_task(key="A"):
 
 def test_mutation_rules_group_the_knobs_and_change_one_knob():
     tuner = XGBTuner(evolutionary_task(), seed=0)
-    kinds = tuner.mutation_kinds()
+    kinds = tuner.mutation_kinds
     names = {k: [tuner.space.knobs[j].name for j in js] for k, js in kinds.items()}
     assert names == {"tile_size": ["tile_x", "tile_y"], "parallel": ["order"], "unroll": ["unroll"],
                      "compute_location": ["sp", "vec"]}
@@ -282,7 +282,7 @@ def test_crossover_takes_each_rule_s_knobs_from_one_parent():
     a = np.array([tuner.digits(i) for i in tuner._random_unvisited(100)])
     b = np.array([tuner.digits(i) for i in tuner._random_unvisited(100)])
     kids = tuner.crossover(a, b)
-    for js in tuner.mutation_kinds().values():
+    for js in tuner.mutation_kinds.values():
         from_a = (kids[:, js] == a[:, js]).all(axis=1)
         from_b = (kids[:, js] == b[:, js]).all(axis=1)
         assert (from_a | from_b).all()

@@ -19,7 +19,7 @@ def _axis(axis, rank: int) -> int:
         raise ValueError(str(e)) from None
 
 
-def _axes(axes, rank: int, noop: int):
+def reduce_axes(axes, rank: int, noop: int):
     """Normalised axes tuple; None means 'no reduction' (empty axes with noop_with_empty_axes)."""
     if axes is None or np.size(axes) == 0:
         return None if noop else tuple(range(rank))
@@ -33,7 +33,7 @@ def _reduce_infer(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
     if axes is not None and axes.value is None:
         raise ValueError(f"axes ({axes.name!r}) must be a constant (or computable from shapes): "
                          "it decides the output shape")
-    ax = _axes(None if axes is None else axes.value, len(data.shape), noop_with_empty_axes)
+    ax = reduce_axes(None if axes is None else axes.value, len(data.shape), noop_with_empty_axes)
     if ax is None:
         return data.shape, data.dtype
     if keepdims:
@@ -54,7 +54,7 @@ def _reduction(name, pre, fold, post=None, empty=None):
     def ref(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
         # empty axes with noop_with_empty_axes: no reduction, but the elementwise parts still
         # apply (ReduceL1 gives |x|), as in onnxruntime and ONNX's reference
-        ax = _axes(axes, data.ndim, noop_with_empty_axes)
+        ax = reduce_axes(axes, data.ndim, noop_with_empty_axes)
         ax = () if ax is None else ax
         acc = _accumulator(data.dtype)
         v = pre(data.astype(acc) if acc is not None else data)

@@ -27,7 +27,7 @@ from . import expr as E
 from .dag import ComputeDAG
 from .expr import DeclarationError
 from .lower import KernelPlan, plan as plan_of
-from .lowerings import LOWER, Split, Unsupported, Value, flat, scalar
+from .lowerings import LOWER, Split, Unsupported, Value, flat, read
 from .tensor import compute, placeholder
 
 __all__ = ["Declared", "Unsupported", "declare"]
@@ -100,10 +100,7 @@ class _Builder:
                     blk, lane = c // b, c % b
                 return P[n, blk, y + h if h else y, x + h if h else x, lane]
             return Value(tuple(t.shape), dt, at)
-        P = self._placeholder(t.shape, dt, f"in{k}")
-        if not t.shape:
-            return Value((), dt, lambda idx: P[scalar(idx)])
-        return Value(tuple(t.shape), dt, lambda idx: P[tuple(flat(i) for i in idx)])
+        return self._plain(t.shape, dt, f"in{k}")
 
     def _param(self, ref: str) -> Value:
         v = self.wl.params[ref]
@@ -112,11 +109,15 @@ class _Builder:
             c = E.Const(v.reshape(-1)[0].item(), dt)
             return Value(tuple(v.shape), dt, lambda idx: c)
         flat_v = np.ascontiguousarray(v).reshape(-1)
-        P = self._placeholder(v.shape, dt, f"te_{ref}", lambda consts: flat_v)
-        return Value(tuple(v.shape), dt, lambda idx: P[tuple(flat(i) for i in idx)])
+        return self._plain(v.shape, dt, f"te_{ref}", lambda consts: flat_v)
 
-    def const_input(self, ref: str):
-        """The array of a constant workload input (a conv's weights), for shape decisions."""
+    def _plain(self, shape, dt, bind, pack=None) -> Value:
+        """A row-major operand: a placeholder of its own shape."""
+        P = self._placeholder(shape, dt, bind, pack)
+        return Value(tuple(shape), dt, lambda idx: read(P, shape, idx))
+
+    def const_input(self, ref: str) -> int:
+        """The index of the constant workload input `ref` (a conv's weights, re-laid out at build)."""
         if not ref.startswith("i") or not self.wl.inputs[int(ref[1:])].const:
             raise Unsupported(f"operand {ref} is not a constant input")
         return int(ref[1:])

@@ -39,6 +39,11 @@ def flat(i):
     return i.blk * i.b + i.lane if isinstance(i, Split) else i
 
 
+def read(T, shape: tuple, idx: list):
+    """The element of tensor T (a value of logical `shape`) at logical indices `idx`."""
+    return T[tuple(flat(i) for i in idx)] if shape else T[scalar(idx)]
+
+
 @dataclass
 class Value:
     """A value of the group: its logical shape and dtype, and its element at logical indices."""
@@ -51,14 +56,9 @@ class Value:
 
 def _broadcast(v: Value, shape: tuple):
     """v's element at indices of the (numpy-broadcast) `shape`."""
-    r, q = len(shape), len(v.shape)
-    if not r:
+    if not shape:
         return v.at
-
-    def at(idx):
-        sub = idx[r - q:]
-        return v.at([E.Const(0, E.INDEX) if d == 1 and s != 1 else i for i, d, s in zip(sub, v.shape, shape[r - q:])])
-    return at
+    return lambda idx: v.at(_batch(idx, v.shape, shape))
 
 
 def _elementwise(fn):
@@ -294,30 +294,29 @@ def _matmul(b, op, wl):
     if w.shape[-2] != K:
         raise Unsupported("MatMul shapes")
     k = reduce_axis((0, K), "k")
-    r = len(out_shape)
 
-    def body(*ax):
+    def matmul(*ax):
         bat = list(ax[:-2])
-        ai = _batch(bat, a.shape[:-2], out_shape[:-2]) + [ax[-2], k] if len(a.shape) >= 2 else [k]
+        ai = _batch(bat, a.shape[:-2], out_shape[:-2]) + [ax[-2], k]
         wi = _batch(bat, w.shape[:-2], out_shape[:-2]) + [k, ax[-1]]
         return reduction("sum", a.at(ai) * w.at(wi), k)
-    if op.op == "Dense":        # x[..., K] @ w[K, N]: x's leading dims are the output's
-        def body(*ax):          # noqa: F811
-            return reduction("sum", a.at([*ax[:-1], k]) * w.at([k, ax[-1]]), k)
-    stage = compute(out_shape, body, name="matmul")
+
+    def dense(*ax):             # x[..., K] @ w[K, N]: x's leading dims are the output's
+        return reduction("sum", a.at([*ax[:-1], k]) * w.at([k, ax[-1]]), k)
+    stage = compute(out_shape, dense if op.op == "Dense" else matmul, name="matmul")
     bias = b.value(op.args[2]) if len(op.args) > 2 and op.args[2] else None
     bat = _broadcast(bias, out_shape) if bias is not None else None
     if bias is not None and bias.dtype != a.dtype:
         raise Unsupported("Dense bias")
 
     def at(idx):
-        v = stage[tuple(flat(i) for i in idx)] if r else stage[0]
+        v = read(stage, out_shape, idx)
         return v if bat is None else v + bat(idx)
     return Value(out_shape, a.dtype, at)
 
 
 def _batch(idx, shape, out):
-    """Batch indices of an operand whose batch dims broadcast against the output's."""
+    """Indices of an operand of `shape` broadcast against `out` (numpy's rules) at out's `idx`."""
     r, q = len(out), len(shape)
     return [E.Const(0, E.INDEX) if d == 1 and o != 1 else i for i, d, o in zip(idx[r - q:], shape, out[r - q:])]
 
@@ -343,13 +342,13 @@ def _einsum(b, op, wl):
         env = {**dict(zip(out, ax)), **raxes}
         prod = None
         for t, v in zip(terms, vals):
-            e = v.at([E.Const(0, E.INDEX) if d == 1 and sizes[ch] != 1 else env[ch] for ch, d in zip(t, v.shape)])
+            e = v.at(_batch([env[ch] for ch in t], v.shape, [sizes[ch] for ch in t]))
             prod = e if prod is None else prod * e
         return reduction("sum", prod, [raxes[ch] for ch in summed]) if summed else prod
     stage = compute(out_shape or (1,), body if out else (lambda q0: body()), name="einsum")
 
     def at(idx):
-        return stage[tuple(flat(i) for i in idx)] if out_shape else stage[scalar(idx)]
+        return read(stage, out_shape, idx)
     return Value(out_shape, vals[0].dtype, at)
 
 
@@ -358,19 +357,17 @@ _REDUCE = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max", "ReduceM
 
 
 def _reduce(b, op, wl):
-    from ..ops.params import axis_index
+    from ..ops.reduce import reduce_axes
     x = b.value(op.args[0])
     rank = len(x.shape)
-    axes = []                                    # axes are an input (opset 18's form) after import
+    given = None                                 # axes are an input (opset 18's form) after import
     if len(op.args) > 1 and op.args[1]:
         if not op.args[1].startswith("p"):
             raise Unsupported("runtime axes")
-        axes = [int(v) for v in np.ravel(wl.params[op.args[1]])]
-    if not axes:
-        if int(op.attr("noop_with_empty_axes", 0)):
-            raise Unsupported("no-op reduction")
-        axes = list(range(rank))
-    axes = sorted({axis_index(a, rank) for a in axes})
+        given = wl.params[op.args[1]]
+    axes = reduce_axes(given, rank, int(op.attr("noop_with_empty_axes", 0)))
+    if axes is None:
+        raise Unsupported("no-op reduction")
     keep = int(op.attr("keepdims", 1))
     kind = _REDUCE[op.op]
     dt = x.dtype
@@ -403,7 +400,7 @@ def _reduce(b, op, wl):
     count = math.prod(x.shape[a] for a in axes)
 
     def at(idx):
-        v = stage[tuple(flat(i) for i in idx)] if out_shape else stage[scalar(idx)]
+        v = read(stage, out_shape, idx)
         if dt == "bool":
             return E.cast("bool", v)
         if op.op == "ReduceMean":

@@ -60,10 +60,13 @@ def _declared(key: str):
 
 
 def declared(wl):
-    """The te declaration of an ONNX workload (groups.py), or None."""
+    """The te declaration of an ONNX workload (groups.py), or None. Kept on the workload too: the
+    tuner asks for it with every candidate it scores (features)."""
     if isinstance(wl, TeWorkload):
         return None
-    return _declared(json.dumps(wl.json, sort_keys=True))
+    if not hasattr(wl, "_te"):
+        wl._te = _declared(json.dumps(wl.json, sort_keys=True))
+    return wl._te
 
 
 class _Group(Template):

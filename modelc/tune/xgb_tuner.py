@@ -2,6 +2,7 @@
 for the spaces derived from a te declaration, Ansor's evolutionary search)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -176,6 +177,7 @@ class XGBTuner(Tuner):
             self._plan = self._plan_sa()
 
     # ---- Ansor's evolutionary search (derived spaces) ---------------------------------------------
+    @functools.cached_property
     def mutation_kinds(self) -> dict:
         """Ansor's mutation rules as groups of knobs: tile sizes, parallel granularity, unrolling,
         and where and how the computation is laid out (compute location, vectorised axis)."""
@@ -192,7 +194,7 @@ class XGBTuner(Tuner):
     def mutate(self, pop: np.ndarray) -> np.ndarray:
         """Each member mutated by one rule (a rule chosen uniformly, then one of its knobs): a tile
         size to a neighbouring or any candidate, the other rules to any other candidate."""
-        kinds = list(self.mutation_kinds().values())
+        kinds = list(self.mutation_kinds.values())
         out = pop.copy()
         for row in out:
             knobs = kinds[self.rng.integers(len(kinds))]
@@ -207,7 +209,7 @@ class XGBTuner(Tuner):
     def crossover(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Children taking each knob group (a mutation kind: the steps of one rule) from either parent."""
         kids = a.copy()
-        for knobs in self.mutation_kinds().values():
+        for knobs in self.mutation_kinds.values():
             take = self.rng.random(len(a)) < 0.5
             for j in knobs:
                 kids[take, j] = b[take, j]
@@ -219,7 +221,7 @@ class XGBTuner(Tuner):
         by crossover (`crossover_prob`) or mutation, and keeps the best `sa_points` valid ones; the
         plan is the best unvisited configs seen. The budget matches simulated annealing's
         (`sa_iters` generations of `sa_points`)."""
-        if not self.mutation_kinds():
+        if not self.mutation_kinds:
             return []
         best = sorted(self.measured, key=self.measured.get)[: self.sa_points // 2]
         starts = best + self._random_unvisited(self.sa_points - len(best))
