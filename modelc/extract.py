@@ -197,7 +197,7 @@ def describe(graph: Graph, node: Node) -> str:
     pattern = node.attrs.get("pattern", a.op_type.lower())
     dims = lambda s: "x".join(map(str, s))  # noqa: E731
     x = g.tensors[a.inputs[0]].shape
-    if a.op_type == "Conv":
+    if a.op_type in ("Conv", "ScaledConv"):
         w = g.tensors[a.inputs[1]].shape
         s = a.attrs.get("strides", [1])
         p = a.attrs.get("pads", [0])

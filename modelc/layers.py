@@ -30,6 +30,18 @@ def group_names(graph, fused) -> list[set]:
                 names.add(n.name)
                 names.update(n.outputs)
         out.append({x for x in names if x and x in known})
+    # a node the passes merged into another op (a gate's Mul into a ScaledConv) belongs to the
+    # group that reads what it wrote; consumers first, so a chain of such nodes follows
+    owner = {x: i for i, names in enumerate(out) for x in names}
+    for n in reversed(graph.topo()):
+        if n.name in owner:
+            continue
+        readers = {owner.get(c.name) for o in n.outputs if o for c in graph.consumers(o)}
+        if len(readers) == 1 and None not in readers:
+            i = readers.pop()
+            for x in [n.name, *(o for o in n.outputs if o)]:
+                out[i].add(x)
+                owner[x] = i
     return out
 
 

@@ -79,11 +79,12 @@ def row_waste(extent: int) -> Callable[[int], float]:
 
 # ---- kernels with packed weights ---------------------------------------------------------------
 
-def packed_args(wl: Workload, x_arg: int, has_bias: bool) -> tuple[list, list]:
+def packed_args(wl: Workload, x_arg: int, has_bias: bool, extra: list = ()) -> tuple[list, list]:
     """Arguments of a kernel reading input `x_arg` and weights (and a bias) packed at compile
-    time: out0, in{x_arg}, w, [bias], then the epilogue's other inputs; and their dtypes."""
+    time: out0, in{x_arg}, w, [bias], then the anchor's `extra` inputs and the epilogue's other
+    inputs; and their dtypes."""
     args = ["out0", f"in{x_arg}", "w"] + (["bias"] if has_bias else [])
-    args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
+    args += [f"in{k}" for k in sorted(set(extra) | set(epilogue_inputs(wl.epilogue))) if k != x_arg]
     fixed = 3 + has_bias
     dtypes = [np.float32] * fixed + [wl.inputs[int(a[2:])].dtype for a in args[fixed:]]
     return args, dtypes
@@ -107,11 +108,11 @@ def anchor_operands(wl: Workload) -> tuple[int, int, int | None]:
     return int(a[0][1:]), int(a[1][1:]), int(a[2][1:]) if has_bias else None
 
 
-def packed_kernel(wl: Workload, body: list, pack_weights: Callable) -> Kernel:
+def packed_kernel(wl: Workload, body: list, pack_weights: Callable, extra: list = ()) -> Kernel:
     """The kernel of `body` over the anchor's data input, its weight packed by `pack_weights`
-    (and its bias), and the epilogue's inputs."""
+    (and its bias), the anchor's `extra` run-time inputs and the epilogue's inputs."""
     x_arg, w_arg, b_arg = anchor_operands(wl)
-    args, dtypes = packed_args(wl, x_arg, b_arg is not None)
+    args, dtypes = packed_args(wl, x_arg, b_arg is not None, extra)
     return Kernel(source(args, dtypes, body), args, packer(w_arg, b_arg, pack_weights))
 
 

@@ -26,13 +26,24 @@ from .workload import Workload
 OWT_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 28]
 
 
+def _scale_ok(wl: Workload) -> bool:
+    """A ScaledConv's gate: a run-time float32 [N, C, 1, 1] input (read through its layout)."""
+    a = wl.anchor
+    if len(a.args) != 4 or not a.args[3].startswith("i"):
+        return False
+    s, x = wl.spec(a.args[3]), wl.spec(a.args[0])
+    return not s.const and s.dtype == np.float32 and s.shape == (x.shape[0], x.shape[1], 1, 1)
+
+
 @register
 class Conv2d(Template):
     name = "conv2d"
 
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
-        if a.op != "Conv" or len(wl.outputs) != 1 or wl.outputs[0].layout is None:
+        if a.op not in ("Conv", "ScaledConv") or len(wl.outputs) != 1 or wl.outputs[0].layout is None:
+            return False
+        if a.op == "ScaledConv" and not _scale_ok(wl):
             return False
         x = wl.spec(a.args[0])
         if len(x.shape) != 4 or x.layout is None or int(a.attrs.get("group", 1)) != 1:
@@ -109,6 +120,8 @@ class Conv2d(Template):
         x_arg = int(conv.args[0][1:])
         X = f"in{x_arg}"
         has_bias = len(conv.args) > 2 and bool(conv.args[2])
+        s_arg = int(conv.args[3][1:]) if conv.op == "ScaledConv" else None
+        S, s_spec = (f"in{s_arg}", wl.inputs[s_arg]) if s_arg is not None else (None, None)
 
         # the tile: TOH output rows x OWT output columns x KT output channels; a last tile that
         # would pass the end of a row or column is shifted back (recomputing, never branching in
@@ -134,9 +147,13 @@ class Conv2d(Template):
             for rr in range(TOH):
                 for r in range(OWT):
                     lines.append(f"{pre}    x{rr}_{r} = {X}[xb{rr} + np.uintp({r * sw * cb} + c)]")
-            lines += [f"{pre}    wo = wb + np.uintp(c * {KT})",
-                      f"{pre}    for j in range({KT}):",
-                      f"{pre}        wv = w[wo + np.uintp(j)]"]
+            lines += [f"{pre}    wo = wb + np.uintp(c * {KT})"]
+            if S is not None:
+                # conv(x * s) = conv(x, w * s): one multiply per weight vector, not per pixel
+                s_at = offset(s_spec.shape, s_spec.layout, ["n", ("cb", "c", cb), "0", "0"])
+                lines.append(f"{pre}    sc = {S}[np.uintp({s_at})]")
+            lines += [f"{pre}    for j in range({KT}):",
+                      f"{pre}        wv = w[wo + np.uintp(j)]" + (" * sc" if S is not None else "")]
             for rr in range(TOH):
                 for r in range(OWT):
                     lines.append(f"{pre}        acc[{(rr * OWT + r) * KT} + j] += x{rr}_{r} * wv")
@@ -193,4 +210,4 @@ class Conv2d(Template):
             wv = w.astype(np.float32)[np.array([f + j for f in first for j in range(KT)])]
             return wv.reshape(KO, KT, CBLK, cb, KH, KW).transpose(0, 2, 4, 5, 3, 1)
 
-        return packed_kernel(wl, body, pack_weights)
+        return packed_kernel(wl, body, pack_weights, [] if s_arg is None else [s_arg])

@@ -78,9 +78,10 @@ class Conv2dWinograd(Template):
     alternative_to = "conv2d"      # never picked by default, only by a faster tuning record
 
     def matches(self, wl: Workload) -> bool:
-        if not get(self.alternative_to).matches(wl):
-            return False
         a = wl.anchor
+        # a ScaledConv's gate multiplies the input, which Winograd's transform does not take
+        if a.op != "Conv" or not get(self.alternative_to).matches(wl):
+            return False
         w = wl.spec(a.args[1])
         g = conv_geometry(wl)
         return (tuple(w.shape[2:]) == (3, 3) and tuple(g.strides) == (1, 1) and tuple(g.dilations) == (1, 1)

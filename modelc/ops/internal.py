@@ -17,3 +17,20 @@ def dense(x, w, b=None):
     if b is not None:
         y = y + b
     return y.astype(x.dtype, copy=False)
+
+
+def _scaled_conv_shape(x, w, b=None, s=None, **attrs):
+    from .conv import _conv_infer
+    if s is None or len(x.shape) != 4 or tuple(s.shape) != (x.shape[0], x.shape[1], 1, 1):
+        raise ValueError(f"ScaledConv's scale {None if s is None else list(s.shape)} must be "
+                         f"[{x.shape[0]}, {x.shape[1]}, 1, 1] for an input {list(x.shape)}")
+    return _conv_infer(x, w, b, **attrs)
+
+
+@register("ScaledConv", Kind.OUT_ELEMWISE_FUSABLE, infer=_scaled_conv_shape)
+def scaled_conv(x, w, b=None, s=None, **attrs):
+    """Conv(x * s, w, b) with s[N, C, 1, 1] computed at run time: a squeeze-excitation's channel
+    gate and the 1x1 convolution after it (passes/scale_conv.py). The reference multiplies first,
+    as the two ONNX ops did."""
+    from .conv import conv
+    return conv((x * s).astype(x.dtype, copy=False), w, b, **attrs)

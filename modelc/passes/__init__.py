@@ -12,6 +12,7 @@ from .fold_constants import fold_constants
 from .fuse import fuse
 from .norms import lower_norms
 from .patterns import recognise_patterns
+from .scale_conv import scale_into_conv
 from .simplify import simplify
 
 # the order matters: folding first exposes constant shapes and weights to every later pass;
@@ -25,6 +26,7 @@ PIPELINE = [
     recognise_patterns,
     lower_norms,
     to_dense,
+    scale_into_conv,
     eliminate_common_subexpressions,
     eliminate_dead_code,
 ]

@@ -82,20 +82,22 @@ def _pattern_name(graph: Graph, group: list) -> str:
     first = group[0]
     op = first.op_type
     name = op.lower()
-    if op == "Conv":
+    if op in ("Conv", "ScaledConv"):
         w = graph.tensors[first.inputs[1]].shape
         c_in = graph.tensors[first.inputs[0]].shape[1]
         g = int(first.attrs.get("group", 1))
         name = f"conv{len(w) - 2}d"
         if g > 1:
             name = ("depthwise_" if g == c_in and w[1] == 1 else "group_") + name
+        if op == "ScaledConv":
+            name = "scaled_" + name
     elif op == "MatMul":
         name = "batch_matmul" if len(graph.tensors[first.outputs[0]].shape) > 2 else "matmul"
     else:
         name = {"MaxPool": "max_pool", "AveragePool": "avg_pool", "GlobalAveragePool": "global_avg_pool",
                 "GlobalMaxPool": "global_max_pool", "LayerNormalization": "layer_norm",
                 "ConvTranspose": "conv_transpose"}.get(op, name)
-    if op in ("Conv", "Dense", "ConvTranspose", "Gemm") and len(first.inputs) > 2 and first.inputs[2]:
+    if op in ("Conv", "ScaledConv", "Dense", "ConvTranspose", "Gemm") and len(first.inputs) > 2 and first.inputs[2]:
         name += "_bias"
     return "_".join([name] + [n.op_type.lower() for n in group[1:]])
 

@@ -192,10 +192,15 @@ _ELEMENTWISE = {
 # ---- anchors with a reduction ---------------------------------------------------------------
 
 def _conv(b, op, wl):
-    """2-d convolution (groups 1, or depthwise), bias, any stride, dilation and padding."""
+    """2-d convolution (groups 1, or depthwise), bias, any stride, dilation and padding; a
+    ScaledConv reads its input times a per-channel gate s[N, C, 1, 1]."""
     if len(op.args) < 2 or op.attr("auto_pad", "NOTSET") not in ("NOTSET", b""):
         raise Unsupported("Conv form")
     x = b.value(op.args[0])
+    gate = b.value(op.args[3]) if op.op == "ScaledConv" and len(op.args) > 3 else None
+    if op.op == "ScaledConv" and (gate is None or gate.shape != (x.shape[0], x.shape[1], 1, 1)
+                                  or gate.dtype != x.dtype):
+        raise Unsupported("ScaledConv gate")
     wk = b.const_input(op.args[1])
     w = wl.inputs[wk]
     if len(x.shape) != 4 or len(w.shape) != 4 or not _is_float(x.dtype) or np.dtype(w.dtype).name != x.dtype:
@@ -220,6 +225,8 @@ def _conv(b, op, wl):
     def tap(nn, ci, y, xx, ky, kx):
         iy, ix = y * sy + ky * dy - pt, xx * sx + kx * dx - pl
         v = x.at([nn, ci, iy, ix])
+        if gate is not None:
+            v = v * gate.at([nn, ci, 0, 0])
         if not guard:
             return v
         return E.if_then_else((iy >= 0) & (iy < H) & (ix >= 0) & (ix < W), v, _c(0, x.dtype))
@@ -412,5 +419,5 @@ def _reduce(b, op, wl):
 
 
 LOWER = {**{k: _elementwise(fn) for k, fn in _ELEMENTWISE.items()},
-          "Conv": _conv, "MatMul": _matmul, "Dense": _matmul, "Einsum": _einsum,
+          "Conv": _conv, "ScaledConv": _conv, "MatMul": _matmul, "Dense": _matmul, "Einsum": _einsum,
           **{k: _reduce for k in _REDUCE}}
