@@ -97,3 +97,54 @@ def test_profiled_sequence_stamps_each_kernel_where_it_runs():
         pytest.skip("no cycle counter on this CPU")
     light_t, heavy_t = np.median(ticks, axis=0)
     assert light_t > 0 and heavy_t > 20 * light_t
+
+
+def _chain(n_kernels, n, nchunks):
+    """Kernels each adding one to the previous one's output: any chunk run out of order, twice or
+    not at all shows in the last buffer."""
+    fn = cache.load(source(["out0", "in0"], [np.float32] * 2, [
+        parallel_loop("i", n), "    out0[i] = in0[i] + np.float32(1.0)"]))
+    bufs = [np.zeros(n, np.float32) for _ in range(n_kernels + 1)]
+    return [fn.bind([bufs[k + 1], bufs[k]], nchunks=nchunks) for k in range(n_kernels)], bufs
+
+
+@pytest.mark.parametrize("nchunks,threads", [(2, None), (7, None), (3, 1), (1, None)])
+def test_a_sequence_runs_its_kernels_in_order_whatever_the_team(nchunks, threads):
+    """One parallel region for the whole sequence: a kernel starts only when every chunk of the one
+    before is done, also when the team has fewer threads than chunks (a thread then runs the
+    chunks no one else claimed) or one thread only."""
+    import numba
+    from modelc.kernels import launch
+    before = numba.get_num_threads()
+    try:
+        if threads:
+            numba.set_num_threads(threads)
+        calls, bufs = _chain(40, 1000, nchunks)
+        seq = launch.Sequence(calls, cache.sequence_runner())
+        for rep in range(1, 4):
+            seq()
+            np.testing.assert_array_equal(bufs[-1], np.full(1000, 40, np.float32))
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_sequences_run_from_several_threads_at_once():
+    import threading
+    from modelc.kernels import launch
+    runs = [_chain(30, 5000, 2) for _ in range(3)]
+    seqs = [launch.Sequence(calls, cache.sequence_runner()) for calls, _ in runs]
+    errors = []
+
+    def work(seq, bufs):
+        for _ in range(50):
+            bufs[-1][:] = 0
+            seq()
+            if not (bufs[-1] == 30).all():
+                errors.append(bufs[-1].copy())
+
+    threads = [threading.Thread(target=work, args=(s, b)) for s, (_, b) in zip(seqs, runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
