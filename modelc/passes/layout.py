@@ -123,6 +123,9 @@ def plan_layouts(graph: Graph) -> Graph:
     # indexed alike, and the group's workload is the same as where the residual comes from a
     # block's output (ResNet's "conv + add + relu" is one task per stage, not two)
     data_read = {_data_input(n) for n in nodes if n.name in native and _anchor(n).op_type in _CONVS}
+    # the inputs of a Concat that can be done in place (written straight into its result,
+    # runtime/plan.py) need its halo: all of them take the widest of theirs and its
+    joins = [[n.outputs[0], *n.inputs] for n in nodes if _in_place_concat(graph, n, blocked)]
     for _ in range(len(nodes)):
         changed = False
         for n in nodes:
@@ -130,6 +133,11 @@ def plan_layouts(graph: Graph) -> Graph:
             for t in (n.inputs if out in halo else ()):
                 if t in halo and t not in data_read and t != _data_input(n) and halo[t] < halo[out]:
                     halo[t], changed = halo[out], True
+        for ts in joins:
+            h = max(halo[t] for t in ts)
+            for t in ts:
+                if halo[t] < h:
+                    halo[t], changed = h, True
         if not changed:
             break
     for t in blocked:
@@ -163,6 +171,20 @@ def plan_layouts(graph: Graph) -> Graph:
                 graph.replace_input(c, t, new)
     _sync_subgraph_layouts(graph)
     return graph
+
+
+def _in_place_concat(graph: Graph, node: Node, blocked: set) -> bool:
+    """A Concat along the channels of one image of blocked tensors in whole blocks of the result's
+    block size: what the module can do without copying, given one halo (runtime/plan.py)."""
+    ops = _ops(node)
+    if [n.op_type for n in ops] != ["Concat"] or len(node.outputs) != 1 or node.outputs[0] not in blocked:
+        return False
+    out = graph.tensors[node.outputs[0]]
+    b = choose_block(out.shape[1])
+    return out.shape[0] == 1 and int(ops[0].attrs.get("axis", 0)) % 4 == 1 and \
+        len(set(node.inputs)) == len(node.inputs) and \
+        all(t in blocked and choose_block(graph.tensors[t].shape[1]) == b and graph.tensors[t].shape[1] % b == 0
+            for t in node.inputs)
 
 
 def _writes_any_layout(graph: Graph, node: Node) -> bool:

@@ -24,13 +24,13 @@ from ..errors import InputError, ModelcError
 from ..kernels import cache, launch
 from ..kernels import templates as _templates  # noqa: F401  (registers the templates)
 from ..kernels.fallback import why as fallback_why
-from ..kernels.layout import from_physical, same_as_plain, to_physical
+from ..kernels.layout import from_physical, physical_size, same_as_plain, to_physical
 from ..kernels.template import get as get_template
 from ..kernels.workload import Workload
 from ..validate import DocumentError, check_program
 from ..version import VERSION
 from .. import memory
-from .plan import plan_buffers
+from .plan import concat_parts, plan_buffers
 
 
 def _launch_guard():
@@ -111,8 +111,14 @@ class _Context:
         self.buffers = [np.zeros(size, dt) for size, dt in plan.buffers]
 
         def buf(name):
-            return mod._const_arrays[name] if name in mod._const_arrays else \
-                self.buffers[plan.tensor_buffer[name]]
+            if name in mod._const_arrays:
+                return mod._const_arrays[name]
+            whole = self.buffers[plan.tensor_buffer[name]]
+            if name not in plan.tensor_offset:
+                return whole
+            t = mod._tensors[name]           # a Concat's input: its stretch of the result's buffer
+            off = plan.tensor_offset[name]
+            return whole[off:off + physical_size(t["shape"], tuple(t["layout"]) if t["layout"] else None)]
 
         self.calls = []
         for s, k, fn, packed in mod._bound:
@@ -150,11 +156,15 @@ class Module:
         tensors = program["tensors"]
         steps = program["steps"]
         views = [_is_view(s, tensors) for s in steps]
+        ends = [i["name"] for i in self.input_specs] + [o["name"] for o in self.output_specs]
+        parts, merged = concat_parts(steps, tensors, views, set(ends))
 
         data = {n: (t["shape"], t["dtype"], tuple(t["layout"]) if t["layout"] else None)
                 for n, t in tensors.items() if not t["const"]}
         plan = plan_buffers([(s["inputs"], s["outputs"], v) for s, v in zip(steps, views)], data,
-                            [i["name"] for i in self.input_specs], [o["name"] for o in self.output_specs])
+                            [i["name"] for i in self.input_specs], [o["name"] for o in self.output_specs],
+                            parts)
+        views = [v or i in merged for i, v in enumerate(views)]     # those Concats run no kernel
         self.plan = plan
         holds = {}
         for n, b in sorted(plan.tensor_buffer.items()):
