@@ -117,7 +117,7 @@ def test_scaled_conv_kernels_under_sampled_schedules(kw):
         space = tpl.space(wl)
         rng = np.random.default_rng(7)
         sampled = [space.get(int(i)) for i in rng.permutation(len(space))[:200]]
-        configs = [tpl.default_config(wl, space)] + [c for c in sampled if space.is_valid(c)][:3]
+        configs = [tpl.default_config(wl, space)] + [c for c in sampled if space.is_valid(c)][:2]
         for cfg in configs:
             got, want, fn, args = testing.run(wl, tpl, cfg, seed=2)
             assert testing.max_rel_error(got, want) < 1e-5, (task.template, dict(cfg.values))
