@@ -76,9 +76,21 @@ def plain_rows():
     return _model(nodes, (1, 12), ["y"], inits)
 
 
+def viewed_part():
+    """An input of an in-place Concat that is also reshaped (a view: no kernel) into a model output."""
+    rng = np.random.default_rng(4)
+    inits = [_w("wa", (12, 5), rng), _w("wb", (12, 7), rng), _w("wc", (12, 4), rng),
+             numpy_helper.from_array(np.array([7], np.int64), "flat")]
+    nodes = [helper.make_node("MatMul", ["x", "wa"], ["a"]), helper.make_node("MatMul", ["x", "wb"], ["b"]),
+             helper.make_node("Reshape", ["b", "flat"], ["z"]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1), helper.make_node("MatMul", ["c", "wc"], ["y"])]
+    return _model(nodes, (1, 12), ["y", "z"], inits)
+
+
 CASES = {"fire_3x3_next": (fire, True), "fire_1x1_next": (lambda: fire(next_kernel=1), True),
          "two_images": (lambda: fire(n=2), False), "part_blocks": (lambda: fire(ca=8, cb=12), False),
-         "dense_block": (dense_net, True), "output_part": (output_part, False), "plain_rows": (plain_rows, True)}
+         "dense_block": (dense_net, True), "output_part": (output_part, False), "plain_rows": (plain_rows, True),
+         "viewed_part": (viewed_part, True)}
 
 
 def _concat_kernels(mod) -> int:

@@ -134,6 +134,7 @@ class _Context:
             self.calls.append(fn.bind(args) if k.source is not None else functools.partial(fn, *args))
         self.program = _sequences(self.calls)
         self.inputs = [buf(i["name"]) for i in mod.input_specs]
+        self.array = buf                   # a tensor's memory (a stretch of a buffer, for a Concat's input)
 
 
 # numba's workqueue threading layer (used where neither OpenMP nor TBB is installed) aborts the
@@ -265,7 +266,7 @@ class Module:
                 if t["const"]:
                     out[name] = np.array(self.constants[name])
                 else:
-                    out[name] = from_physical(ctx.buffers[self.plan.tensor_buffer[name]], shape,
+                    out[name] = from_physical(ctx.array(name), shape,
                                               tuple(t["layout"]) if t["layout"] else None).copy()
         finally:
             self._release(ctx)

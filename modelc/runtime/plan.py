@@ -126,6 +126,8 @@ def plan_buffers(steps: list, tensors: dict, inputs: list, outputs: list, parts:
         for t in outs:
             if alias and t:
                 assign[t] = assign[base[t]]
+                if ins[0] in offsets:           # a view of a Concat's input: at that input's offset
+                    offsets[t] = offsets[ins[0]]
         released = {base.get(t, t) for t in ins + outs if t in assign}
         for t in released:
             if last_use.get(t) == i and t not in pinned:
