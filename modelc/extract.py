@@ -28,6 +28,7 @@ from .kernels.template import get as get_template
 from .kernels.workload import Workload
 from .te.workload import view
 from .ops.cost import node_macs
+from .ops.internal import CONVS
 from .passes.lower import lower
 
 KEY_VERSION = 1
@@ -197,7 +198,7 @@ def describe(graph: Graph, node: Node) -> str:
     pattern = node.attrs.get("pattern", a.op_type.lower())
     dims = lambda s: "x".join(map(str, s))  # noqa: E731
     x = g.tensors[a.inputs[0]].shape
-    if a.op_type in ("Conv", "ScaledConv"):
+    if a.op_type in CONVS:
         w = g.tensors[a.inputs[1]].shape
         s = a.attrs.get("strides", [1])
         p = a.attrs.get("pads", [0])

@@ -236,28 +236,24 @@ def _slot(context, builder, sig, args):
     return builder.gep(ary.data, [args[1]])
 
 
-@intrinsic
-def atomic_add(typingctx, arr, index, value):
-    """arr[index] += value as one sequentially consistent atomic step; the value before it."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
-        return None
+def _atomic_rmw(op: str, doc: str):
+    """An intrinsic f(arr, index, value) doing LLVM's atomic `op` on an int64 arr[index] (sequentially
+    consistent) and returning the value before it."""
+    def fn(typingctx, arr, index, value):
+        if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+            return None
 
-    def codegen(context, builder, sig, args):
-        return builder.atomic_rmw("add", _slot(context, builder, sig, args), args[2], "seq_cst")
+        def codegen(context, builder, sig, args):
+            return builder.atomic_rmw(op, _slot(context, builder, sig, args), args[2], "seq_cst")
 
-    return types.int64(arr, types.intp, types.int64), codegen
+        return types.int64(arr, types.intp, types.int64), codegen
+
+    fn.__doc__ = doc
+    return intrinsic(fn)
 
 
-@intrinsic
-def atomic_xchg(typingctx, arr, index, value):
-    """Store value at arr[index] as one sequentially consistent atomic step; the value before it."""
-    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.atomic_rmw("xchg", _slot(context, builder, sig, args), args[2], "seq_cst")
-
-    return types.int64(arr, types.intp, types.int64), codegen
+atomic_add = _atomic_rmw("add", "arr[index] += value as one atomic step; the value before it.")
+atomic_xchg = _atomic_rmw("xchg", "Store value at arr[index] as one atomic step; the value before it.")
 
 
 @intrinsic

@@ -8,11 +8,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node
+from .internal import CONVS
 
 
 def node_macs(graph: Graph, node: Node) -> int:
     shape = lambda i: graph.tensors[node.inputs[i]].shape  # noqa: E731
-    if node.op_type in ("Conv", "ScaledConv"):
+    if node.op_type in CONVS:
         w = shape(1)                          # [K, C/group, *kernel]
         out = graph.tensors[node.outputs[0]].shape
         return int(np.prod(out, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))

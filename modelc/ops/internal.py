@@ -5,6 +5,10 @@ import numpy as np
 
 from .registry import Kind, register
 
+# the ops that are a 2-d/n-d convolution to layouts, fusion names and costs (ScaledConv: one whose
+# input is multiplied by a per-channel gate)
+CONVS = ("Conv", "ScaledConv")
+
 
 def _dense_shape(x, w, b=None):
     return x.shape[:-1] + (w.shape[1],), x.dtype

@@ -19,6 +19,7 @@ from .. import ops
 from ..ir import Graph, Node
 from ..kernels.expr import SUPPORTED as EPILOGUE_OPS
 from ..ops import Kind
+from ..ops.internal import CONVS
 from .util import only_consumer
 
 
@@ -82,7 +83,7 @@ def _pattern_name(graph: Graph, group: list) -> str:
     first = group[0]
     op = first.op_type
     name = op.lower()
-    if op in ("Conv", "ScaledConv"):
+    if op in CONVS:
         w = graph.tensors[first.inputs[1]].shape
         c_in = graph.tensors[first.inputs[0]].shape[1]
         g = int(first.attrs.get("group", 1))
@@ -97,7 +98,7 @@ def _pattern_name(graph: Graph, group: list) -> str:
         name = {"MaxPool": "max_pool", "AveragePool": "avg_pool", "GlobalAveragePool": "global_avg_pool",
                 "GlobalMaxPool": "global_max_pool", "LayerNormalization": "layer_norm",
                 "ConvTranspose": "conv_transpose"}.get(op, name)
-    if op in ("Conv", "ScaledConv", "Dense", "ConvTranspose", "Gemm") and len(first.inputs) > 2 and first.inputs[2]:
+    if op in (*CONVS, "Dense", "ConvTranspose", "Gemm") and len(first.inputs) > 2 and first.inputs[2]:
         name += "_bias"
     return "_".join([name] + [n.op_type.lower() for n in group[1:]])
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node
+from ..ops.internal import CONVS
 from ..kernels.expr import SUPPORTED as ELEMENTWISE
 from ..kernels.layout import choose_block, same_as_plain
 
 _POOLS = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool"}
-_CONVS = {"Conv", "ScaledConv"}     # ScaledConv: a conv reading its input times a channel gate
 
 
 def _ops(node: Node) -> list:
@@ -42,7 +42,7 @@ def _blocked_native(graph: Graph, node: Node) -> bool:
     x = sub.tensors[a.inputs[0]]
     if len(x.shape) != 4 or x.dtype != np.float32:
         return False
-    if a.op_type in _CONVS:
+    if a.op_type in CONVS:
         if not graph.tensors[_outer(node, a.inputs[1])].is_const and sub.value(a.inputs[1]) is None:
             return False
         g = int(a.attrs.get("group", 1))
@@ -60,7 +60,7 @@ def _flexible(node: Node) -> bool:
 
 def _conv_pad(node: Node) -> int:
     a = _anchor(node)
-    return max(a.attrs.get("pads", [0])) if a.op_type in _CONVS else 0
+    return max(a.attrs.get("pads", [0])) if a.op_type in CONVS else 0
 
 
 def _outer(node: Node, inner: str) -> str:
@@ -114,7 +114,7 @@ def plan_layouts(graph: Graph) -> Graph:
     # 2. halos: as wide as the widest padding of a convolution reading the tensor
     halo = {t: 0 for t in blocked}
     for n in nodes:
-        if n.name in native and _anchor(n).op_type in _CONVS:
+        if n.name in native and _anchor(n).op_type in CONVS:
             x = _data_input(n)
             if x in halo:
                 halo[x] = max(halo[x], _conv_pad(n))
@@ -122,7 +122,7 @@ def plan_layouts(graph: Graph) -> Graph:
     # residual Add after a downsample conv), takes the halo of that group's output: both are then
     # indexed alike, and the group's workload is the same as where the residual comes from a
     # block's output (ResNet's "conv + add + relu" is one task per stage, not two)
-    data_read = {_data_input(n) for n in nodes if n.name in native and _anchor(n).op_type in _CONVS}
+    data_read = {_data_input(n) for n in nodes if n.name in native and _anchor(n).op_type in CONVS}
     # the inputs of a Concat that can be done in place (written straight into its result,
     # runtime/plan.py) need its halo: all of them take the widest of theirs and its
     joins = [[n.outputs[0], *n.inputs] for n in nodes if _in_place_concat(graph, n, blocked)]
