@@ -195,10 +195,14 @@ def prefer_wide_vectors():
       activation and store of the tile ran one float at a time. A 1x1 conv 16 -> 96 on 112x112
       (MobileNetV2's widest) took 0.49 ms, 0.25 ms with SLP (onnxruntime 0.36 ms), AMD EPYC Zen 4.
       Every candidate is still checked against the reference when it is measured.
+    - No colours in numba's error messages: typing formats one for every overload template that
+      does not match and throws it away, and colouring them was 10% of a kernel's compile
+      (kernels/numba_pipeline.py).
     """
     if "numba" in sys.modules:
         return
     os.environ.setdefault("NUMBA_SLP_VECTORIZE", "1")
+    os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
     if "NUMBA_CPU_FEATURES" in os.environ:
         return
     try:

@@ -114,6 +114,25 @@ def _alive(pid):
     return True
 
 
+def test_prebuilt_candidates_are_measured_without_building_again(measurer):
+    """The warm-up compiles all tasks' first candidates as one batch (tuning.py); their rounds
+    then only run them, and a build that failed in the batch is recorded as it would have been."""
+    task, target = _task(), R.current_target()
+    configs = [task.space.from_values({"fault": f}) for f in ("ok", "compile_error")]
+    heard = []
+    measurer.prebuild([(task, configs)], done=heard.append)
+    assert heard == [1, 2] and len(measurer._prebuilt) == 2
+    calls = []
+    real = measurer.builders[0].call
+    measurer.builders[0].call = lambda *a: calls.append(a) or real(*a)
+    try:
+        ok, bad = measurer.measure(task, configs, target)
+    finally:
+        measurer.builders[0].call = real
+    assert calls == [] and not measurer._prebuilt
+    assert ok.error == R.NO_ERROR and bad.error == R.COMPILE_ERROR
+
+
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f != "ok"])
 def test_each_failure_is_recorded_with_its_own_code_and_never_applied(measurer, fault):
     task, target = _task(), R.current_target()

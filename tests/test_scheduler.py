@@ -93,6 +93,23 @@ def test_budget_is_exact_and_last_round_is_short():
     assert len(sched.round_log) == len(runner.calls)
 
 
+@pytest.mark.parametrize("n_trials,done", [(300, {}), (20, {}), (300, {2: [1e-3] * 5})])
+def test_prepare_hears_exactly_the_warmup_rounds_that_run(n_trials, done):
+    """The warm-up's candidates are compiled as one batch: `prepare` must announce the rounds
+    the scheduler then runs, in order, cut by the budget, without tasks tuned before."""
+    heard = []
+    sched = TaskScheduler(tasks_of(30))
+    runner = Runner([curve(1 * MS, 1 * MS)] * 30)
+    for i, lats in done.items():
+        runner.measured[i] = list(lats)
+    sched.tune(n_trials, 16, runner, history=done or None, prepare=heard.extend)
+    warm = [(i, n) for i, n in heard]
+    assert runner.calls[:len(warm)] == warm
+    assert sum(n for _, n in warm) <= n_trials - sum(len(v) for v in done.values())
+    assert all(i not in done for i, _ in warm)
+    assert len(warm) == (30 - len(done) if n_trials >= 30 else n_trials)
+
+
 def test_trials_per_round_capped_so_warmup_reaches_every_task():
     sched, runner = run(tasks_of(5), [curve(1 * MS, 1 * MS)] * 5, 50, tpr=64, strategy="round-robin")
     assert sched.trials_per_round == 10 and sched.task_trials == [10] * 5

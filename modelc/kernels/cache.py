@@ -73,7 +73,8 @@ TAG_ENV = "MODELC_KERNEL_TAG"   # set for worker processes: they file kernels as
 
 def worker_env(**extra) -> dict:
     return dict(os.environ, **{TAG_ENV: target_tag()}, **extra)
-_HELPER_MODULES = ("launch.py", "stack.py", "intrinsics.py")     # the code generated kernels import
+# the code generated kernels import
+_HELPER_MODULES = ("launch.py", "stack.py", "intrinsics.py", "numba_pipeline.py")
 
 
 def file_name(source: str) -> str:

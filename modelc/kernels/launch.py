@@ -21,21 +21,7 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.core.compiler import Compiler
 from numba.extending import intrinsic
-
-
-class NoAliasCompiler(Compiler):
-    """numba's pipeline with the kernel's pointer arguments marked `noalias`, as numba marks the
-    arrays of the gufuncs it makes from parallel loops. Without it LLVM had to assume that an
-    output may overlap an input: the epilogue loops of the dense kernels stayed scalar and the
-    transformer's dense layers ran 3x slower. Modules never give a kernel an output buffer that
-    overlaps another of its arrays (`BoundKernel` checks).
-    """
-
-    def define_pipelines(self):
-        self.state.flags.noalias = True
-        return super().define_pipelines()
 
 
 @intrinsic

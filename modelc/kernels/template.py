@@ -132,7 +132,7 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
     sig = ", ".join(f"types.CPointer(types.{_NB[np.dtype(d).name]}), types.intp" for d in dtypes)
     extra = [*extra, *helpers(body, extra)]
     out = ["import math", "import numpy as np", "import numba", "from numba import carray, prange, types",
-           "from modelc.kernels.launch import NoAliasCompiler",
+           "from modelc.kernels.numba_pipeline import KernelCompiler",
            "from modelc.kernels.stack import stack_empty", *extra, "",
            f"N_ITEMS = {total}",
            f"PARALLEL = {bool(parallel)}",
@@ -142,7 +142,7 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
            # error_model='numpy': x / 0 gives inf as ONNX says, instead of raising (and the
            # zero check numba's default inserts would also stop the loop from vectorising)
            f"@numba.cfunc(types.void({sig}, types.intp, types.intp), fastmath={FASTMATH if fastmath else False}, "
-           "cache=True, boundscheck=False, error_model='numpy', pipeline_class=NoAliasCompiler)",
+           "cache=True, boundscheck=False, error_model='numpy', pipeline_class=KernelCompiler)",
            f"def kernel({params}, lo, hi):"]
     out += [f"    {a} = carray(ptr__{k}, len__{k})" for k, a in enumerate(args)]
     out += [f"    {name} = carray(ptr__{args.index(a)}, {tuple(shape)!r})"

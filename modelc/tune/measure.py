@@ -149,25 +149,23 @@ class Measurer:
         n = self.opt.n_parallel or os.cpu_count() or 1
         self.builders = [Worker() for _ in range(n)]
         self.runner = Worker()
+        self._prebuilt: dict = {}
 
-    def measure(self, task, configs: list, target: dict) -> list:
-        """Records (one per config) for candidates of a Task.
-
-        A build that does not answer within `build_timeout` is BUILD_TIMEOUT, a run past
-        `run_timeout` RUN_TIMEOUT; a builder that dies (an LLVM abort) is COMPILE_ERROR, a runner
-        that dies (a kernel's stray write) RUNTIME_ERROR, each naming the signal; the worker is
-        killed if need be and a new one started for the next candidate.
-        """
+    def _requests(self, task, configs: list) -> list:
         module = type(task.tpl).__module__
-        reqs = [{"op": "build", "key": task.key, "workload": task.workload, "template": task.template,
+        return [{"op": "build", "key": task.key, "workload": task.workload, "template": task.template,
                  "module": module, "config": c.values} for c in configs]
-        built: list = [None] * len(reqs)
-        raised: list = []
 
-        # each builder takes the next candidate when it is free: compiles take 0.3-3 s, and a
-        # fixed share per builder left one idle while the other finished a slow share
-        queue = iter(range(len(reqs)))
+    def _build(self, reqs: list, done=None) -> list:
+        """(answer, failure) of each build request, the builders taking the next request when free:
+        compiles take 0.3-3 s, and a fixed share per builder left one idle while the other finished
+        a slow share. Requests built ahead by `prebuild` are answered from there; done(k) hears
+        each new answer."""
+        built: list = [self._prebuilt.pop(_request_key(r), None) for r in reqs]
+        queue = iter([i for i, b in enumerate(built) if b is None])
         lock = threading.Lock()
+        raised: list = []
+        count = [0]
 
         def build_some(worker):
             try:
@@ -177,6 +175,10 @@ class Measurer:
                     if i is None:
                         return
                     built[i] = worker.call(reqs[i], self.opt.build_timeout)
+                    if done is not None:
+                        with lock:
+                            count[0] += 1
+                            done(count[0])
             except BaseException as e:          # a worker that cannot start: the caller is told
                 raised.append(e)
 
@@ -187,6 +189,25 @@ class Measurer:
             th.join()
         if raised:
             raise raised[0]
+        return built
+
+    def prebuild(self, batches: list, done=None):
+        """Compile the candidates of several tasks at once ([(task, configs), ...]); `measure`
+        then runs them without building again (a failed build is reported there)."""
+        reqs = [r for task, configs in batches for r in self._requests(task, configs)]
+        for r, b in zip(reqs, self._build(reqs, done)):
+            self._prebuilt[_request_key(r)] = b
+
+    def measure(self, task, configs: list, target: dict) -> list:
+        """Records (one per config) for candidates of a Task.
+
+        A build that does not answer within `build_timeout` is BUILD_TIMEOUT, a run past
+        `run_timeout` RUN_TIMEOUT; a builder that dies (an LLVM abort) is COMPILE_ERROR, a runner
+        that dies (a kernel's stray write) RUNTIME_ERROR, each naming the signal; the worker is
+        killed if need be and a new one started for the next candidate.
+        """
+        reqs = self._requests(task, configs)
+        built = self._build(reqs)
         out = []
         for req, (res, failure) in zip(reqs, built):
             if res is None:
@@ -206,6 +227,10 @@ class Measurer:
     def close(self):
         for w in self.builders + [self.runner]:
             w.close()
+
+
+def _request_key(req: dict) -> str:
+    return json.dumps(req, sort_keys=True)
 
 
 def _failure(stage: str, failure: str, timeout: float, timeout_code: int, crash_code: int) -> dict:

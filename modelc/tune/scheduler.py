@@ -288,7 +288,8 @@ class TaskScheduler:
         return self.stop_reason is not None
 
     # ---- the loop --------------------------------------------------------------------------
-    def tune(self, n_trials: int, trials_per_round: int, tune_round, history: dict | None = None):
+    def tune(self, n_trials: int, trials_per_round: int, tune_round, history: dict | None = None,
+             prepare=None):
         """Spend the budget: a round-robin warm-up, then one round at a time to the chosen task.
 
         n_trials is the total budget, trials from `history` included, so a resumed run stops
@@ -299,6 +300,9 @@ class TaskScheduler:
         tune_round(i, n) measures up to n new candidates of task i and returns their latencies
         in seconds (inf for failures); [] means the task's space is exhausted.
         history: {task_index: [earlier latencies]}.
+        prepare([(task_index, n), ...]), if given, hears all the warm-up rounds before the first
+        runs: their candidates can then be compiled together, with every builder busy (one
+        candidate per round left all but one idle for the first quarter of a run).
         """
         if trials_per_round < 1:
             raise ValueError(f"trials_per_round must be >= 1, got {trials_per_round}")
@@ -311,11 +315,18 @@ class TaskScheduler:
         if history:
             self._restore(history)
 
+        warmup, budget = [], self.n_trials - self.total_trials
         for i in range(len(self.tasks)):     # warm-up: one round each, unless tuned before
+            n = min(self.warmup_trials - self.task_trials[i], budget)
+            if i not in self.dead and n > 0:
+                warmup.append((i, n))
+                budget -= n
+        if prepare is not None and warmup:
+            prepare(warmup)
+        for i, n in warmup:
             if self._should_stop():
                 return
-            if i not in self.dead and self.task_trials[i] < self.warmup_trials:
-                self._run_round(i, tune_round, self.warmup_trials - self.task_trials[i])
+            self._run_round(i, tune_round, n)
         self._best_objective = self.objective_value()
         self._progress_at = self.total_trials
 

@@ -102,6 +102,10 @@ class _Progress:
             if best_ms is not None:
                 self.bar.set_postfix_str(f"est. total {best_ms:.2f} ms")
 
+    def note(self, text: str):
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+
     def close(self):
         if self.bar is not None:
             self.bar.close()
@@ -198,7 +202,9 @@ def _tune(model, n_trials, log, shape, tuner, strategy, trials_per_round, early_
             # trial like any other, so the budget stays exact.
             again = recheck[i][:n]
             del recheck[i][:n]
-            configs = tuners[i].next_batch(n - len(again)) if n > len(again) else []
+            configs, prepared[i] = prepared[i][:n - len(again)], prepared[i][n - len(again):]
+            if n > len(again) + len(configs):
+                configs += tuners[i].next_batch(n - len(again) - len(configs))
             if not configs and not again:
                 return []
             before = tuners[i].best_config
@@ -212,6 +218,18 @@ def _tune(model, n_trials, log, shape, tuner, strategy, trials_per_round, early_
             progress.update(len(costs))
             return costs
 
+        prepared: list[list] = [[] for _ in tasks]       # warm-up candidates, compiled ahead
+
+        def prepare(rounds: list):
+            # the warm-up's candidates of all tasks compiled as one batch: a round of one
+            # candidate keeps one builder busy, a batch keeps all of them
+            for i, n in rounds:
+                prepared[i] = tuners[i].next_batch(n)
+            if hasattr(measurer, "prebuild"):
+                total = sum(len(prepared[i]) for i, _ in rounds)
+                measurer.prebuild([(tasks[i], prepared[i]) for i, _ in rounds],
+                                  done=lambda k: progress.note(f"warm-up: compiled {k}/{total}"))
+
         cbs = list(callbacks)
         if verbose >= 1:
             cbs.append(PrintTableCallback(file=sys.stderr))
@@ -220,7 +238,7 @@ def _tune(model, n_trials, log, shape, tuner, strategy, trials_per_round, early_
                               callbacks=cbs, seed=seed)
         t0 = time.time()
         try:
-            sched.tune(n_trials, trials_per_round, tune_round, history=history)
+            sched.tune(n_trials, trials_per_round, tune_round, history=history, prepare=prepare)
         finally:
             progress.close()
             writer.close()

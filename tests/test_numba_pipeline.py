@@ -1,0 +1,71 @@
+"""The cut-down numba pipeline for generated kernels (kernels/numba_pipeline.py) compiles them to
+the same machine code as numba's full pipeline, faster; its typing memo leaves alone what it must."""
+import operator
+import re
+import types as pytypes
+
+import numba
+import pytest
+from numba import types
+from numba.core.compiler import Compiler
+from numba.core.typing.templates import AbstractTemplate, signature
+
+from modelc.kernels import numba_pipeline
+from modelc.kernels.template import select
+from modelc.kernels.workload import Workload
+from workloads import conv2d_wl, dense_wl, dw_wl
+
+
+class FullPipeline(Compiler):
+    """numba's default nopython pipeline, with the same noalias arguments."""
+
+    def define_pipelines(self):
+        self.state.flags.noalias = True
+        return super().define_pipelines()
+
+
+def _asm(source: str, pipeline) -> str:
+    text = source.replace("cache=True", "cache=False").replace("pipeline_class=KernelCompiler",
+                                                               "pipeline_class=_PIPELINE")
+    mod = pytypes.ModuleType("modelc_pipeline_test")
+    mod.__dict__["_PIPELINE"] = pipeline
+    exec(compile(text, "<kernel>", "exec"), mod.__dict__)
+    asm = mod.kernel._library.get_asm_str()
+    return re.sub(r"(_ZN|cfunc\.)\S*", "SYM", asm)      # numba numbers each compile's symbols
+
+
+@pytest.mark.parametrize("wl", [
+    conv2d_wl(16, 9, 9, 32, 3, 1, 1, 1, 0),                          # register tile, packed weights
+    dw_wl(32, 10, res=True),                                          # depthwise, clip, residual
+    dense_wl((3, 40), 24, epi=("Gelu",)),                             # an inline='always' helper
+], ids=["conv2d", "depthwise", "dense_gelu"])
+def test_kernels_compile_to_the_same_machine_code_as_the_full_pipeline(wl):
+    wl = Workload(wl) if isinstance(wl, dict) else wl
+    tpl = select(wl)
+    kernel = tpl.build(wl, tpl.default_config(wl, tpl.space(wl)))
+    assert "pipeline_class=KernelCompiler" in kernel.source
+    assert _asm(kernel.source, numba_pipeline.KernelCompiler) == _asm(kernel.source, FullPipeline)
+
+
+def test_operator_typing_is_memoised_only_while_a_kernel_compiles():
+    wl = dw_wl(16, 6)
+    tpl = select(wl)
+    _asm(tpl.build(wl, tpl.default_config(wl, tpl.space(wl))).source, numba_pipeline.KernelCompiler)
+    assert numba_pipeline._active == 0
+    assert any(k[0].typing_key is operator.mul and k[2] == (types.float32, types.float32)
+               for k in numba_pipeline._memo)
+
+    ctx = numba.core.registry.cpu_target.typing_context
+    calls = []
+
+    class UsersAdd(AbstractTemplate):        # typing outside kernels is numba's own, every time
+        key = operator.add
+
+        def generic(self, args, kws):
+            calls.append(args)
+            return signature(types.float64, *args)
+
+    theirs = types.Function(UsersAdd)
+    for _ in range(2):
+        assert theirs.get_call_type(ctx, (types.float64, types.float64), {}).return_type == types.float64
+    assert len(calls) == 2 and not any(k[0] is theirs for k in numba_pipeline._memo)
