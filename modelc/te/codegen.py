@@ -7,6 +7,7 @@ names made here (`out0`, `in1`, `q0`, `r0`): nothing a user named reaches the so
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class _Emitter:
             return lit(e.value, e.dtype)
         if isinstance(e, Var):
             v = env[id(e)]
-            return v if v.isidentifier() else f"({v})"     # "m0 + 1" inside "x * 2"
+            return v if v.isidentifier() or _INT.fullmatch(v) else f"({v})"    # "m0 + 1" inside "x * 2"
         if isinstance(e, Acc):
             return env["acc"]
         if isinstance(e, Read):
@@ -48,6 +49,10 @@ class _Emitter:
             return f"{self.names[id(e.tensor)]}[{offset(idx, shape)}]"
         if isinstance(e, Binary):
             a, b = self(e.a, env), self(e.b, env)
+            if e.a.dtype == e.b.dtype == e.dtype and np.dtype(e.dtype).kind in "iu":
+                folded = _fold(e.op, a, b, str(e.dtype))
+                if folded is not None:
+                    return folded
             op = {"&&": "and", "||": "or"}.get(e.op, e.op)
             return f"({a} {op} {b})"
         if isinstance(e, Select):
@@ -58,6 +63,29 @@ class _Emitter:
         if isinstance(e, Call):
             return _call(e, [self(a, env) for a in e.operands])
         raise TypeError(f"no code for {type(e).__name__}")
+
+
+_INT = re.compile(r"-?[0-9]+")
+_INT_LIT = re.compile(r"np\.u?int(?:8|16|32|64)\((-?[0-9]+)\)|(-?[0-9]+)")
+
+
+def _fold(op: str, a: str, b: str, dtype: str) -> str | None:
+    """`a op b` without the identities index arithmetic is full of (a conv's `(oh * 1 + kh * 1) - 0`):
+    LLVM would fold them anyway, but numba types and lowers every one first, and a te kernel's
+    compile took up to 5 s (SqueezeNet's 1x1 convs). Operands of one integer dtype only."""
+    def value(text):
+        m = _INT_LIT.fullmatch(text)
+        return None if m is None else int(m.group(1) or m.group(2))
+    x, y = value(a), value(b)
+    if op == "*" and (x == 0 or y == 0) and dtype == "int64":
+        return "0"                  # a Python 0 is int64 to numba (mixed with uint64: float64)
+    if op == "*" and (x == 1 or y == 1):
+        return b if x == 1 else a
+    if op == "+" and (x == 0 or y == 0):
+        return b if x == 0 else a
+    if op == "-" and y == 0:
+        return a
+    return None
 
 
 def _call(e: Call, a: list) -> str:
@@ -165,6 +193,9 @@ class _Nest:
         rest = "it"
         for name, ext in [*reversed(inner), *((f"q{d}", e) for d, e in
                                               reversed(list(zip(self.outer_axes, self.outer))))]:
+            if ext == 1:
+                body.append(f"{ind}{name} = 0")
+                continue
             body += [f"{ind}{name} = {rest} % {ext}", f"{ind}rest = {rest} // {ext}"]
             rest = "rest"
         if self.shift_n:
@@ -211,7 +242,7 @@ class _Nest:
 
     def _envs(self) -> list:
         """The index environment of each register row (row-axis rows x second-axis rows)."""
-        env = {id(self.p.axis[d]): f"q{d}" for d in self.outer_axes}
+        env = {id(self.p.axis[d]): f"q{d}" if self.shape[d] > 1 else "0" for d in self.outer_axes}
         if self.n < 2:
             return [env]
         out = []
@@ -254,6 +285,8 @@ class _Nest:
         axes = red.axes
         last = len(axes) - 1
         renv = {id(a): f"r{k}" for k, a in enumerate(axes)}
+        one = {k for k, a in enumerate(axes) if a.hi - a.lo == 1 and not (k == 0 and self.KB is not None)}
+        renv.update({id(axes[k]): str(axes[k].lo) for k in one})      # no loop of one trip
         envs = [{**e, **renv, **lane} for e in self._envs()]
 
         def step(ind, at=None):
@@ -264,6 +297,8 @@ class _Nest:
             return lines
 
         for k, a in enumerate(axes):
+            if k in one:
+                continue
             lo, hi = a.lo, a.hi
             if k == 0 and self.KB is not None:
                 lo, hi = f"{a.lo} + kb * {self.KB}", f"{a.lo} + kb * {self.KB} + {self.KB}"
@@ -291,9 +326,11 @@ class _Nest:
         axes = red.axes
         last, step = len(axes) - 1, self.U * self.L
         out, ind = [], ""
-        renv = {id(a): f"r{k}" for k, a in enumerate(axes)}
+        renv = {id(a): f"r{k}" if a.hi - a.lo > 1 else str(a.lo) for k, a in enumerate(axes)}
         envs = [{**e, **renv, id(p.axis[-1]): "j0"} for e in self._envs()]
         for k, a in enumerate(axes[:-1]):
+            if a.hi - a.lo == 1:
+                continue
             out.append(f"{ind}for r{k} in range({a.lo}, {a.hi}):")
             ind += "    "
         a = axes[last]

@@ -208,14 +208,17 @@ class Measurer:
         """
         reqs = self._requests(task, configs)
         built = self._build(reqs)
-        out = []
+        out, settle = [], True
         for req, (res, failure) in zip(reqs, built):
             if res is None:
                 res = _failure("build", failure, self.opt.build_timeout, R.BUILD_TIMEOUT, R.COMPILE_ERROR)
             elif res["error"] == R.NO_ERROR:
+                # the first run after the builds waits for their threads to go idle; the runs after
+                # it follow the runner's own timings (a wait was a third of a run's 0.14 s)
                 run = dict(req, op="run", number=self.opt.number, repeat=self.opt.repeat,
                            min_repeat_ms=self.opt.min_repeat_ms, tolerance=self.opt.tolerance,
-                           cache_flush=self.opt.cache_flush)
+                           cache_flush=self.opt.cache_flush, settle=settle)
+                settle = False
                 res, failure = self.runner.call(run, self.opt.run_timeout)
                 if res is None:
                     res = _failure("run", failure, self.opt.run_timeout, R.RUN_TIMEOUT, R.RUNTIME_ERROR)
