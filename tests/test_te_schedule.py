@@ -58,6 +58,19 @@ def test_rules_follow_the_loop_structure():
     assert "row-tiles" in kinds["elementwise"][0] and "multi-level-tiling" not in kinds["elementwise"][0]
 
 
+def test_index_arithmetic_is_folded_and_one_trip_loops_dropped():
+    """What numba would type and LLVM fold anyway: a 1x1 conv's `(oh * 1 + kh * 1) - 0` and its
+    loops over one filter row and column; a 0 only where numba reads it as the same int64."""
+    from modelc.te.codegen import _fold
+    assert _fold("*", "np.int64(1)", "m0", "int64") == "m0" and _fold("*", "q3", "1", "int64") == "q3"
+    assert _fold("+", "0", "r3", "int64") == "r3" and _fold("-", "(m0 + 1)", "np.int64(0)", "int64") == "(m0 + 1)"
+    assert _fold("*", "np.int64(0)", "r3", "int64") == "0" and _fold("*", "np.uint64(0)", "r3", "uint64") is None
+    assert _fold("-", "0", "r3", "int64") is None and _fold("+", "np.int64(10)", "r3", "int64") is None
+    (plan,) = modelc.SearchTask(func=W.conv2d, args=(1, 8, 6, 6, 16, 1, 1, 0, 1)).plans
+    src, _ = kernel_source(plan)
+    assert "range(0, 1)" not in src and "* np.int64(1)" not in src and "- np.int64(0)" not in src
+
+
 def test_space_is_derived_from_the_target():
     """Column tiles are whole vectors of the CPU (16 float32 lanes with AVX-512, 8 with AVX2); a
     register tile never exceeds its vector registers; grouped row tiles divide the row tiles."""
