@@ -4,14 +4,16 @@ Tuning is compile-bound (issue 14: 120 trials a minute needs compiles under a se
 spends most of a kernel's compile in Python, not in LLVM: on 50 kernels of the cache (AMD EPYC
 Zen 4) LLVM was 20-30% of the time, numba's typing, SSA and rewrite passes and its lowering the
 rest. Three things cut it to about 0.63 of the time, with the machine code unchanged (the
-assembly of 150 sampled kernels was byte-identical; tests/test_numba_pipeline.py checks a few):
+assembly of 148 sampled kernels was byte-identical; tests/test_numba_pipeline.py checks a few):
 
 - `KernelCompiler` runs numba's passes minus those for constructs generated code never has:
   closures, `with` blocks, `raise`, `literal_unroll`, literal dispatch, branch pruning on
   constants (LLVM folds them), array-expression rewrites, and the SSA reconstruction - a kernel
   gives each variable one type, so numba's plain typing of variables (its behaviour before SSA)
-  types it the same. A template that needed one of them would fail to compile, not miscompile:
-  every candidate is still checked against the reference when it is measured.
+  types it the same. A template that needed one of them would mostly fail to compile; one that
+  gave a variable two types would have them unified (int64 and float64 to float64) - which is why
+  every candidate is still checked against the reference when it is measured, and tests compare
+  assembly with numba's full pipeline.
 - numba re-types every arithmetic operator from scratch, trying each overload template in turn
   (and, for each one that does not match, formatting an error message that is thrown away),
   once during typing and again during lowering: a quarter of a compile. While a kernel compiles
