@@ -161,7 +161,8 @@ class Measurer:
         compiles take 0.3-3 s, and a fixed share per builder left one idle while the other finished
         a slow share. Requests built ahead by `prebuild` are answered from there; done(k) hears
         each new answer."""
-        built: list = [self._prebuilt.pop(_request_key(r), None) for r in reqs]
+        built: list = [self._prebuilt.pop(_request_key(r), None) for r in reqs] if self._prebuilt else \
+            [None] * len(reqs)          # (past the warm-up nothing is prebuilt: no keys to make)
         queue = iter([i for i, b in enumerate(built) if b is None])
         lock = threading.Lock()
         raised: list = []
