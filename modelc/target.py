@@ -62,6 +62,14 @@ class Target:
         """Independent accumulators that keep the FMA pipes busy (fewer leave them idle)."""
         return self.fma_pipes * self.fma_latency
 
+    @property
+    def converts_half(self) -> bool:
+        """Whether float16 converts to and from float32 in one instruction (x86's F16C, which came
+        before AVX2 on Intel and AMD alike; AArch64): generated kernels then take float16 tensors
+        (intrinsics.h2f). Elsewhere LLVM would call compiler-rt helpers numba does not link."""
+        return any(f in self.isa for f in ("avx2", "avx512f", "neon")) or self.llvm_cpu.startswith(
+            ("apple", "cortex", "neoverse"))
+
     # ---- records ------------------------------------------------------------------------------
     def record(self) -> dict:
         """What a measurement depends on, as tuning records store it (and match it)."""

@@ -75,14 +75,19 @@ def test_compile_of_a_model_whose_kernel_aborts_names_the_op(fresh_cache, monkey
         modelc.compile(m)
 
 
-def test_float16_model_is_computed_on_the_fallback():
+def test_float16_model_runs_generated_kernels_or_the_fallback_where_the_cpu_cannot_convert():
     m = onnx_model([helper.make_node("Relu", ["x"], ["r"]),
                     helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT)],
                    [_vi("x", TensorProto.FLOAT16, [4, 5])], [_vi("y", TensorProto.FLOAT, [4, 5])])
-    mod = modelc.compile(m)
-    assert mod.fallbacks                      # float16 never reaches generated code
     x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float16)
+    mod = modelc.compile(m)
+    assert not mod.fallbacks                  # a te kernel: float16 bits in, float32 out
     np.testing.assert_array_equal(mod.run({"x": x})["y"], np.maximum(x, 0).astype(np.float32))
+    from modelc import target
+    with target.use(target.Target.from_features("x86-64", "+sse4.2")):    # no F16C
+        old = modelc.compile(m)
+    assert old.fallbacks
+    np.testing.assert_array_equal(old.run({"x": x})["y"], np.maximum(x, 0).astype(np.float32))
 
 
 @pytest.mark.parametrize("et", [TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2,

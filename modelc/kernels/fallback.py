@@ -17,6 +17,15 @@ from .workload import Workload
 def why(wl: Workload) -> str:
     """Why no generated kernel runs a group: the dtypes kernels do not take, or the op chain."""
     odd = unsupported_dtype(wl)
+    if odd == "float16":
+        from .. import target
+        from ..te.groups import Unsupported, declare
+        if not target.current().converts_half:
+            return "float16 tensors have generated kernels only where the CPU converts float16 (F16C)"
+        try:
+            declare(wl)
+        except Unsupported as e:
+            return f"float16 groups run te kernels, and this one has no te declaration ({e})"
     if odd:
         return f"tensors of dtype {odd} have no generated kernels"
     return "no kernel template handles " + " -> ".join(o.op for o in wl.ops)

@@ -62,6 +62,49 @@ def float_bits(typingctx, x):
     return sig, codegen
 
 
+# ---- float16 storage ------------------------------------------------------------------------------
+# float16 tensors are uint16 bits in generated kernels and their values are computed in float32:
+# numba has no CPU float16 type, and its own conversions call compiler-rt helpers it does not link.
+# LLVM's fpext / fptrunc of `half` are single instructions (vcvtph2ps / vcvtps2ph) where the CPU
+# converts half (x86 F16C, on every AVX2 CPU; AArch64), vectorised like any other, and fptrunc rounds
+# to nearest even as numpy's astype(float16) does. Target.converts_half says where they are safe.
+
+@intrinsic
+def h2f(typingctx, bits):
+    """The float32 value of the float16 whose bits are the uint16 `bits`."""
+    if bits != types.uint16:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.bitcast(args[0], llir.HalfType()), llir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def f2h(typingctx, x):
+    """The bits (uint16) of float32 `x` rounded to float16."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.fptrunc(args[0], llir.HalfType()), llir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def r16(typingctx, x):
+    """float32 `x` rounded to the nearest float16 value (an op's float16 result, kept in float32)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fpext(builder.fptrunc(args[0], llir.HalfType()), llir.FloatType())
+
+    return types.float32(types.float32), codegen
+
+
 def _minmax(name: str, nan: bool = False):
     @intrinsic
     def fn(typingctx, a, b):
@@ -215,7 +258,8 @@ FLOAT_BITS = [imports("float_bits")]
 # helper name -> the lines defining it in a kernel module that calls it
 HELPERS = {"fast_erf": FAST_ERF, "fast_sigmoid32": FAST_SIGMOID, "pow_exact": POW_EXACT,
            "mod_exact": MOD_EXACT, "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "div_int": DIV_INT,
-           "float_bits": FLOAT_BITS, "fmaximum": [imports("fmaximum")], "fminimum": [imports("fminimum")]}
+           "float_bits": FLOAT_BITS, "fmaximum": [imports("fmaximum")], "fminimum": [imports("fminimum")],
+           "h2f": [imports("h2f")], "f2h": [imports("f2h")], "r16": [imports("r16")]}
 
 
 def helpers(body: list, defined: list = ()) -> list:

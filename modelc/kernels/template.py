@@ -23,7 +23,7 @@ from .workload import Workload
 
 _NB = {"float32": "float32", "float64": "float64", "int64": "int64", "int32": "int32",
        "bool": "boolean", "uint8": "uint8", "int8": "int8", "int16": "int16", "uint16": "uint16",
-       "uint32": "uint32", "uint64": "uint64"}
+       "uint32": "uint32", "uint64": "uint64", "float16": "uint16"}     # float16: its bits (h2f)
 
 
 @dataclass
@@ -62,32 +62,37 @@ def register(cls):
     return cls
 
 
-# dtypes generated kernels take (numba types); the numpy fallback also runs FALLBACK_DTYPES.
-# float16 stays out of generated code: numba's conversions to and from it call compiler-rt
-# helpers (__truncsfhf2 ...) that it does not link, and its arithmetic is not ONNX's float16.
-KERNEL_DTYPES = frozenset(_NB)
+# dtypes the hand-written templates take (numba types); the numpy fallback also runs FALLBACK_DTYPES.
+# float16 groups are te kernels (te_group) that load and store its bits and compute in float32
+# (intrinsics.h2f), where the CPU converts half; elsewhere, and with any other dtype, the fallback.
+KERNEL_DTYPES = frozenset(_NB) - {"float16"}
 FALLBACK_DTYPES = frozenset({"float16"})
 
 
-def unsupported_dtype(wl: Workload) -> str | None:
-    """The first dtype of `wl` (inputs, constants, intermediate values, outputs) that generated
-    kernels do not take, or None."""
+def _dtypes(wl: Workload) -> list:
     dtypes = [t.dtype for t in (*wl.inputs, *wl.outputs)] + [v.dtype for v in wl.params.values()]
     try:
         dtypes += [t.dtype for t in wl.value_specs().values()]
     except Exception:           # values the shape rules cannot describe: the templates will say
         pass
-    for dt in dtypes:
-        if np.dtype(dt).name not in KERNEL_DTYPES:
-            return np.dtype(dt).name
-    return None
+    return [np.dtype(dt).name for dt in dtypes]
+
+
+def unsupported_dtype(wl: Workload) -> str | None:
+    """The first dtype of `wl` (inputs, constants, intermediate values, outputs) that the
+    hand-written templates do not take, or None."""
+    return next((dt for dt in _dtypes(wl) if dt not in KERNEL_DTYPES), None)
 
 
 def select(wl: Workload) -> Template:
-    """The first registered template that handles `wl` (the fallback matches everything); a
-    workload with a dtype no kernel takes (float16) goes to the fallback."""
+    """The first registered template that handles `wl` (the fallback matches everything). A
+    workload with float16 goes to its te declaration when the CPU converts half, and with another
+    dtype no kernel takes, to the fallback."""
     if unsupported_dtype(wl) is not None:
-        return get("reference")
+        from .. import target
+        half = set(_dtypes(wl)) - KERNEL_DTYPES == {"float16"} and target.current().converts_half
+        te = get("te_group") if half else None
+        return te if te is not None and te.matches(wl) else get("reference")
     for t in sorted(TEMPLATES, key=lambda t: t.priority):
         if t.alternative_to is None and t.matches(wl):
             return t

@@ -27,9 +27,13 @@ def _anchor(node: Node) -> Node:
     return _ops(node)[0]
 
 
-def _is_4d_f32(graph: Graph, name: str) -> bool:
+# float16 activations are blocked too: their kernels (te, computing in float32) read halos as float32's
+_BLOCKED_DTYPES = (np.float32, np.float16)
+
+
+def _is_4d_blockable(graph: Graph, name: str) -> bool:
     t = graph.tensors.get(name)
-    return t is not None and t.shape is not None and len(t.shape) == 4 and t.dtype == np.float32 \
+    return t is not None and t.shape is not None and len(t.shape) == 4 and t.dtype in _BLOCKED_DTYPES \
         and not t.is_const
 
 
@@ -37,10 +41,10 @@ def _blocked_native(graph: Graph, node: Node) -> bool:
     """Groups whose kernels run in the blocked layout: 2-d convolutions (dense and depthwise), pools."""
     a = _anchor(node)
     sub = node.subgraph or graph
-    if not node.outputs or not _is_4d_f32(graph, node.outputs[0]) or len([o for o in node.outputs if o]) != 1:
+    if not node.outputs or not _is_4d_blockable(graph, node.outputs[0]) or len([o for o in node.outputs if o]) != 1:
         return False
     x = sub.tensors[a.inputs[0]]
-    if len(x.shape) != 4 or x.dtype != np.float32:
+    if len(x.shape) != 4 or x.dtype not in _BLOCKED_DTYPES:
         return False
     if a.op_type in CONVS:
         if not graph.tensors[_outer(node, a.inputs[1])].is_const and sub.value(a.inputs[1]) is None:
@@ -104,7 +108,7 @@ def plan_layouts(graph: Graph) -> Graph:
     blocked = set()
     for n in nodes:
         for o in n.outputs:
-            if not o or not _is_4d_f32(graph, o):
+            if not o or not _is_4d_blockable(graph, o):
                 continue
             # elementwise and data-movement groups write any layout: blocked when a blocked
             # kernel reads the result (a Concat of branches then needs no transform)
@@ -145,7 +149,7 @@ def plan_layouts(graph: Graph) -> Graph:
     # 3. plain tensors feeding blocked kernels get one transform each (shared by their readers)
     for t in list(graph.tensors):
         readers = [c for c in consumers(t) if c.name in native and _data_input(c) == t]
-        if not readers or t in blocked or not _is_4d_f32(graph, t):
+        if not readers or t in blocked or not _is_4d_blockable(graph, t):
             continue
         pad = max((_conv_pad(c) for c in readers), default=0)
         new = _transform(graph, t, (choose_block(graph.tensors[t].shape[1]), pad), "to_blocked")
@@ -190,7 +194,7 @@ def _in_place_concat(graph: Graph, node: Node, blocked: set) -> bool:
 def _writes_any_layout(graph: Graph, node: Node) -> bool:
     """Injective groups of one 4-d output: the injective kernel stores through the output's layout."""
     outs = [o for o in node.outputs if o]
-    return node.subgraph is not None and len(outs) == 1 and _is_4d_f32(graph, outs[0]) \
+    return node.subgraph is not None and len(outs) == 1 and _is_4d_blockable(graph, outs[0]) \
         and _reads_any_layout(node)
 
 

@@ -29,24 +29,46 @@ _INIT = {"sum": lambda dt: lit(0, dt),
          "min": lambda dt: lit(np.inf, dt) if np.dtype(dt).kind == "f" else lit(np.iinfo(dt).max, dt)}
 
 
+def _c(dtype) -> str:
+    """The dtype a value of `dtype` is computed in: float16 in float32 (intrinsics.h2f)."""
+    return "float32" if dtype == "float16" else str(dtype)
+
+
 class _Emitter:
+    """Expressions as numba source. float16 values live in float32 variables: loads convert
+    (`h2f`), each arithmetic result is rounded to float16 (`r16`), as numpy and ONNX's reference
+    compute float16 op by op, except inside a reduction's source, whose products are accumulated in
+    float32 as onnxruntime's and numpy's float16 MatMul do; stores convert back (`f2h`)."""
+
     def __init__(self, names: dict, clamp: set):
         self.names, self.clamp = names, clamp        # id(tensor) -> arg name; ids of reads to clamp
+        self.exact = False                           # inside a reduction's source: no float16 rounding
+
+    def reduced(self, e, env: dict) -> str:
+        self.exact = True
+        try:
+            return self(e, env)
+        finally:
+            self.exact = False
+
+    def _round(self, e, text: str) -> str:
+        return f"r16({text})" if e.dtype == "float16" and not self.exact else text
 
     def __call__(self, e, env: dict) -> str:
         if isinstance(e, Const):
-            return lit(e.value, e.dtype)
+            return lit(e.value, _c(e.dtype))
         if isinstance(e, Var):
             v = env[id(e)]
             return v if v.isidentifier() or _INT.fullmatch(v) else f"({v})"    # "m0 + 1" inside "x * 2"
         if isinstance(e, Acc):
-            return env["acc"]
+            return self._round(e, env["acc"])
         if isinstance(e, Read):
             shape = e.tensor.shape
             idx = [self(ix, env) for ix in e.indices]
             if id(e) in self.clamp:
                 idx = [f"min(max({ix}, 0), {n - 1})" for ix, n in zip(idx, shape)]
-            return f"{self.names[id(e.tensor)]}[{offset(idx, shape)}]"
+            ref = f"{self.names[id(e.tensor)]}[{offset(idx, shape)}]"
+            return f"h2f({ref})" if e.tensor.dtype == "float16" else ref
         if isinstance(e, Binary):
             a, b = self(e.a, env), self(e.b, env)
             if e.a.dtype == e.b.dtype == e.dtype and np.dtype(e.dtype).kind in "iu":
@@ -54,14 +76,16 @@ class _Emitter:
                 if folded is not None:
                     return folded
             op = {"&&": "and", "||": "or"}.get(e.op, e.op)
-            return f"({a} {op} {b})"
+            return self._round(e, f"({a} {op} {b})")
         if isinstance(e, Select):
             return f"({self(e.a, env)} if {self(e.cond, env)} else {self(e.b, env)})"
         if isinstance(e, Cast):
             a = self(e.a, env)
-            return f"({a} != 0)" if e.dtype == "bool" else f"{ctor(e.dtype)}({a})"
+            if e.dtype == "bool":
+                return f"({a} != 0)"
+            return f"r16({ctor('float32')}({a}))" if e.dtype == "float16" else f"{ctor(e.dtype)}({a})"
         if isinstance(e, Call):
-            return _call(e, [self(a, env) for a in e.operands])
+            return self._round(e, _call(e, [self(a, env) for a in e.operands]))
         raise TypeError(f"no code for {type(e).__name__}")
 
 
@@ -89,8 +113,9 @@ def _fold(op: str, a: str, b: str, dtype: str) -> str | None:
 
 
 def _call(e: Call, a: list) -> str:
-    f32 = e.dtype == "float32"
-    fl = np.dtype(e.dtype).kind == "f"
+    dt = _c(e.dtype)
+    f32 = dt == "float32"
+    fl = np.dtype(dt).kind == "f"
     if e.fn in ("max", "min"):      # NaN in, NaN out (numpy's maximum, ONNX's Max/Clip/Relu)
         return f"{('fmaximum' if e.fn == 'max' else 'fminimum') if fl else e.fn}({a[0]}, {a[1]})"
     if e.fn == "exp":
@@ -98,7 +123,7 @@ def _call(e: Call, a: list) -> str:
     if e.fn == "erf":
         return f"fast_erf({a[0]})" if f32 else f"math.erf({a[0]})"
     if e.fn == "sigmoid":
-        return f"fast_sigmoid32({a[0]})" if f32 else f"({lit(1, e.dtype)} / ({lit(1, e.dtype)} + math.exp(-{a[0]})))"
+        return f"fast_sigmoid32({a[0]})" if f32 else f"({lit(1, dt)} / ({lit(1, dt)} + math.exp(-{a[0]})))"
     if e.fn == "abs":
         return f"abs({a[0]})"
     return f"math.{e.fn}({a[0]})"
@@ -147,7 +172,7 @@ class _Nest:
         self.p, self.emit = p, emit
         self.shape = shape = list(p.tensor.shape)
         self.n = len(shape)
-        self.dt = p.reduce.dtype if p.reduce is not None else p.tensor.dtype    # the accumulators'
+        self.dt = _c(p.reduce.dtype if p.reduce is not None else p.tensor.dtype)    # the accumulators'
         self.vred = v.get("vectorize") == "reduce"      # lanes along the innermost reduce axis
         self.L = lanes
         self.NR = 1 if self.vred else v["tile_n"]
@@ -293,7 +318,7 @@ class _Nest:
             env_k = envs if at is None else [{**e, id(axes[last]): at} for e in envs]
             lines = [f"{ind}for jj in range({self.NR}):"]
             for m, env in enumerate(env_k):
-                lines.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', self.emit(red.source, env))}")
+                lines.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', self.emit.reduced(red.source, env))}")
             return lines
 
         for k, a in enumerate(axes):
@@ -342,12 +367,12 @@ class _Nest:
             for q in range(self.U):
                 at = f"rb + {q * self.L} + jj" if q else "rb + jj"
                 for m, env in enumerate(envs):
-                    v = self.emit(red.source, {**env, id(a): at})
+                    v = self.emit.reduced(red.source, {**env, id(a): at})
                     out.append(f"{ind}        {self._update(f'acc[{self._acc(m, q)}]', v)}")
         if ext % step:
             out.append(f"{ind}for jj in range({ext % step}):")
             for m, env in enumerate(envs):
-                v = self.emit(red.source, {**env, id(a): f"{a.lo + main} + jj"})
+                v = self.emit.reduced(red.source, {**env, id(a): f"{a.lo + main} + jj"})
                 out.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', v)}")
         return out
 
@@ -357,6 +382,10 @@ class _Nest:
             return offset(idx, self.shape)
         shape, origin = self.p.store
         return offset([ix if not o else f"{ix} + {o}" for ix, o in zip(idx, origin)], shape)
+
+    def _stored(self, value, env: dict) -> str:
+        text = self.emit(value, env)
+        return f"f2h({text})" if self.p.tensor.dtype == "float16" else text
 
     def _store_tile(self) -> list:
         p = self.p
@@ -372,7 +401,7 @@ class _Nest:
                 idx = [e[id(a)] for a in p.axis]
                 out += guard(m, [f"{s} = {_INIT[p.reduce.op](self.dt)}", f"for jj in range({self.U * self.L}):",
                                  f"    {self._update(s, f'acc[{self._acc(m)}]')}",
-                                 f"out0[{self._out(idx)}] = {self.emit(p.value, e)}"])
+                                 f"out0[{self._out(idx)}] = {self._stored(p.value, e)}"])
             return out
         lane = {id(p.axis[-1]): "j0 + jj"}
         head = f"for jj in range(sj, {self.NR}):" if self.shift_n else f"for jj in range({self.NR}):"
@@ -380,7 +409,7 @@ class _Nest:
         for m, env in enumerate(self._envs()):
             e = {**env, **lane, "acc": f"acc[{self._acc(m)}]"}
             idx = [e[id(a)] for a in p.axis]
-            stores.append(f"out0[{self._out(idx)}] = {self.emit(p.value, e)}")
+            stores.append(f"out0[{self._out(idx)}] = {self._stored(p.value, e)}")
         if not any(self._owned(m) for m in range(self.nrows)):
             return [head, *("    " + st for st in stores)]
         return [ln for m, st in enumerate(stores) for ln in guard(m, [head, "    " + st])]

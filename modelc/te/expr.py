@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ModelcError
 
-DTYPES = ("float32", "float64", "int32", "int64", "bool")
+DTYPES = ("float32", "float64", "float16", "int32", "int64", "bool")   # float16: computed in float32, rounded per op
 INDEX = "int64"                      # the dtype of iteration variables and index arithmetic
 ARITH = ("+", "-", "*", "/", "//", "%")
 CMP = ("<", "<=", ">", ">=", "==", "!=")

@@ -65,7 +65,8 @@ def _elementwise(fn):
     """The lowering of an elementwise op: `fn(op, operands, dtype)` builds its expression; called
     first with the operands' dtypes, it says whether it takes them (False: Unsupported)."""
     def lower(b, op, wl):
-        vals = [b.value(a) if a else None for a in op.args]
+        args = op.args[:1] if op.op == "CastLike" else op.args      # CastLike's second: its dtype only
+        vals = [b.value(a) if a else None for a in args]
         present = [v for v in vals if v is not None]
         shape = tuple(np.broadcast_shapes(*(v.shape for v in present)))
         ats = [None if v is None else _broadcast(v, shape) for v in vals]
@@ -142,6 +143,12 @@ def _variadic(fn_name):
     return fn
 
 
+def _is_inf(op, x):
+    pos, neg = x == _c(np.inf, x.dtype), x == _c(-np.inf, x.dtype)
+    on = [c for c, k in ((pos, "detect_positive"), (neg, "detect_negative")) if op.attr(k, 1)]
+    return (on[0] | on[1] if len(on) == 2 else on[0]) if on else E.Const(False, "bool")
+
+
 def _sigmoid(x):
     return E.call("sigmoid", x)
 
@@ -169,6 +176,12 @@ _ELEMENTWISE = {
                    if op.attr("approximate", "none") != "tanh" else
                    (_c(0.5, dt) * x * (_c(1, dt) + E.call("tanh", _c(math.sqrt(2 / math.pi), dt)
                                                           * (x + _c(0.044715, dt) * x * x * x))))),
+    "Elu": _unary(lambda op, x, dt: E.if_then_else(
+        x >= _c(0, dt), x, _c(op.attr("alpha", 1.0), dt) * (E.call("exp", x) - _c(1, dt)))),
+    "Celu": _unary(lambda op, x, dt: E.call("max", x, _c(0, dt)) + E.call("min", _c(0, dt), _c(
+        op.attr("alpha", 1.0), dt) * (E.call("exp", x / _c(op.attr("alpha", 1.0), dt)) - _c(1, dt)))),
+    "IsNaN": _unary(lambda op, x, dt: x != x),
+    "IsInf": _unary(lambda op, x, dt: _is_inf(op, x)),
     "Add": _binary(lambda a, dt: a[0] + a[1]),
     "Sub": _binary(lambda a, dt: a[0] - a[1]),
     "Mul": _binary(lambda a, dt: a[0] * a[1]),
@@ -418,6 +431,123 @@ def _reduce(b, op, wl):
     return Value(out_shape, dt, at)
 
 
+# ---- data movement and pooling ----------------------------------------------------------------
+
+def _reshape(b, op, wl):
+    """Reshape, Flatten, Squeeze, Unsqueeze: the element at the same row-major position."""
+    x = b.value(op.args[0])
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    if math.prod(out_shape) != math.prod(x.shape) or not math.prod(x.shape):
+        raise Unsupported(f"{op.op} shapes")
+
+    def at(idx):
+        pos = None
+        for i, d in zip(idx, out_shape):
+            i = flat(i)
+            pos = i if pos is None else pos * d + i
+        src, rest = [], pos if pos is not None else E.Const(0, E.INDEX)
+        for k, d in reversed(list(enumerate(x.shape))):
+            src.insert(0, rest % d if k else rest)
+            rest = rest // d
+        return x.at(src)
+    return Value(out_shape, x.dtype, at)
+
+
+def _expand(b, op, wl):
+    x = b.value(op.args[0])
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    return Value(out_shape, x.dtype, _broadcast(x, out_shape))
+
+
+def _transpose(b, op, wl):
+    x = b.value(op.args[0])
+    perm = list(op.attr("perm", list(reversed(range(len(x.shape))))))
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    if sorted(perm) != list(range(len(x.shape))):
+        raise Unsupported("Transpose perm")
+
+    def at(idx):
+        src = [None] * len(perm)
+        for i, p in zip(idx, perm):
+            src[p] = i
+        return x.at(src)
+    return Value(out_shape, x.dtype, at)
+
+
+def _pool(b, op, wl):
+    """2-d MaxPool (without indices) and AveragePool, any stride, dilation and padding (windows past
+    the input read -inf or are not counted), and GlobalAveragePool / GlobalMaxPool."""
+    x = b.value(op.args[0])
+    if len(x.shape) != 4 or not _is_float(x.dtype) or op.attr("auto_pad", "NOTSET") not in ("NOTSET", b"", ""):
+        raise Unsupported(f"{op.op} form")
+    n, C, H, W = x.shape
+    is_max = op.op in ("MaxPool", "GlobalMaxPool")
+    if op.op.startswith("Global"):
+        KH, KW, sy, sx, dy, dx, pt, pl = H, W, 1, 1, 1, 1, 0, 0
+    else:
+        if len(op.attr("kernel_shape", [])) != 2:
+            raise Unsupported(f"{op.op} rank")
+        KH, KW = op.attr("kernel_shape")
+        sy, sx = op.attr("strides", [1, 1])
+        dy, dx = op.attr("dilations", [1, 1])
+        pt, pl, pb, pr = op.attr("pads", [0, 0, 0, 0])
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    OH, OW = out_shape[2:]
+    guard_y = pt > 0 or (OH - 1) * sy + (KH - 1) * dy - pt >= H
+    guard_x = pl > 0 or (OW - 1) * sx + (KW - 1) * dx - pl >= W
+    ky, kx = reduce_axis((0, KH), "ky"), reduce_axis((0, KW), "kx")
+    dt = x.dtype
+    empty = _c(-np.inf if is_max else 0, dt)
+
+    def body(nn, c, y, xx):
+        iy, ix = y * sy + ky * dy - pt, xx * sx + kx * dx - pl
+        inside = [t for t, on in (((iy >= 0) & (iy < H), guard_y), ((ix >= 0) & (ix < W), guard_x)) if on]
+        v = x.at([nn, c, iy, ix])
+        if inside:
+            v = E.if_then_else(inside[0] & inside[1] if len(inside) == 2 else inside[0], v, empty)
+        return reduction("max" if is_max else "sum", v, (ky, kx))
+    blk = b.blocked_anchor(out_shape)
+    if blk:
+        stage = compute((n, C // blk, OH, OW, blk), lambda q0, q1, q2, q3, q4: body(q0, Split(q1, q4, blk), q2, q3),
+                        name="pool")
+    else:
+        stage = compute(out_shape, body, name="pool")
+    include_pad = int(op.attr("count_include_pad", 0))
+
+    def count(y, xx):
+        """Taps of the window at (y, xx) inside the input (or the padded input, count_include_pad)."""
+        hi_y, hi_x = (H + pb, W + pr) if include_pad else (H, W)
+        lo_y, lo_x = (-pt, -pl) if include_pad else (0, 0)
+        y0, x0 = y * sy - pt, xx * sx - pl
+        ny = _taps(y0, dy, KH, lo_y, hi_y) if guard_y else E.Const(KH, E.INDEX)
+        nx = _taps(x0, dx, KW, lo_x, hi_x) if guard_x else E.Const(KW, E.INDEX)
+        return E.cast(dt, ny * nx)
+
+    def at(idx):
+        nn, c, y, xx = idx
+        if blk:
+            if not (isinstance(c, Split) and c.b == blk):
+                c = Split(flat(c) // blk, flat(c) % blk, blk)
+            v = stage[nn, c.blk, y, xx, c.lane]
+        else:
+            v = stage[nn, flat(c), y, xx]
+        if is_max:
+            return v
+        if op.op == "GlobalAveragePool" or not (guard_y or guard_x):
+            return v / _c(KH * KW, dt)
+        return v / count(y, xx)
+    return Value(out_shape, dt, at)
+
+
+def _taps(start, step: int, k: int, lo: int, hi: int):
+    """How many of start + t * step (t < k) lie in [lo, hi): a window's taps inside the input."""
+    first = E.call("max", (lo - start + step - 1) // step, E.Const(0, E.INDEX))
+    last = E.call("min", (hi - 1 - start) // step, E.Const(k - 1, E.INDEX))
+    return E.call("max", last - first + 1, E.Const(0, E.INDEX))
+
+
 LOWER = {**{k: _elementwise(fn) for k, fn in _ELEMENTWISE.items()},
           "Conv": _conv, "ScaledConv": _conv, "MatMul": _matmul, "Dense": _matmul, "Einsum": _einsum,
-          **{k: _reduce for k in _REDUCE}}
+          **{k: _reduce for k in _REDUCE}, "Transpose": _transpose, "Expand": _expand,
+          **{k: _reshape for k in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")},
+          **{k: _pool for k in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")}}

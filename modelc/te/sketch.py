@@ -110,7 +110,8 @@ def reduce_vectorizable(p: KernelPlan) -> bool:
 
 
 def lanes_of(p: KernelPlan) -> int:
-    return target.current().lanes(np.dtype(p.tensor.dtype).itemsize)
+    """Vector lanes of the output's compute type (float16 is computed in float32)."""
+    return target.current().lanes(4 if p.tensor.dtype == "float16" else np.dtype(p.tensor.dtype).itemsize)
 
 
 def space(p: KernelPlan) -> ConfigSpace:

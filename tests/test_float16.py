@@ -1,0 +1,98 @@
+"""float16 models on generated kernels: te kernels load and store float16 bits and compute in
+float32 (kernels/intrinsics.h2f). The conversions against numpy's on every bit pattern; a float16
+CNN (blocked layout with halos, convs, pools, dense) against onnxruntime with no numpy fallback."""
+from __future__ import annotations
+
+import ctypes
+
+import numba
+import numpy as np
+import onnxruntime as ort
+import pytest
+from numba import carray, types
+from onnx import TensorProto, helper, numpy_helper
+
+import modelc
+from modelc import target
+from modelc.kernels.intrinsics import f2h, h2f, r16
+
+pytestmark = pytest.mark.skipif(not target.current().converts_half, reason="the CPU does not convert float16")
+
+
+@numba.cfunc(types.void(types.CPointer(types.uint16), types.CPointer(types.float32),
+                        types.CPointer(types.uint16), types.CPointer(types.float32), types.intp))
+def _convert(h, f, back, rounded, n):
+    hs, fs, bs, rs = carray(h, n), carray(f, n), carray(back, n), carray(rounded, n)
+    for i in range(n):
+        fs[i] = h2f(hs[i])          # every float16 to float32
+        bs[i] = f2h(rs[i])          # float32 to float16 bits
+        rs[i] = r16(rs[i])          # float32 rounded to a float16 value
+
+
+def _run(bits, values):
+    n = bits.size
+    f, back, rounded = np.empty(n, np.float32), np.empty(n, np.uint16), values.astype(np.float32).copy()
+    fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, ctypes.c_ssize_t)(_convert.address)
+    fn(bits.ctypes.data, f.ctypes.data, back.ctypes.data, rounded.ctypes.data, n)
+    return f, back, rounded
+
+
+def test_conversions_match_numpy_on_every_float16_and_at_rounding_ties():
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    halves = bits.view(np.float16)
+    rng = np.random.default_rng(0)
+    # float32 values: random over float16's range and beyond, exact halfway points between
+    # neighbouring float16 values (ties to even), subnormals, overflow, signed zeros, inf, NaN
+    h32 = halves[np.isfinite(halves)].astype(np.float32)
+    mids = ((h32[:-1].astype(np.float64) + h32[1:]) / 2).astype(np.float32)
+    values = np.concatenate([rng.standard_normal(20000).astype(np.float32) * 10.0 ** rng.integers(-8, 6, 20000),
+                             mids, [6e-8, 3e-8, -2.9e-8, 65519.0, 65520.0, 1e6, -0.0, 0.0, np.inf, -np.inf, np.nan]])
+    values = np.resize(values.astype(np.float32), bits.size)
+    f, back, rounded = _run(bits, values)
+    want = halves.astype(np.float32)
+    nan = np.isnan(want)
+    assert (np.isnan(f) == nan).all() and (f[~nan].view(np.uint32) == want[~nan].view(np.uint32)).all()
+    with np.errstate(over="ignore"):
+        want16 = values.astype(np.float16)
+    nan = np.isnan(want16)
+    assert (np.isnan(back.view(np.float16)) == nan).all()
+    assert (back[~nan] == want16.view(np.uint16)[~nan]).all()
+    assert (rounded[~nan].view(np.uint32) == want16[~nan].astype(np.float32).view(np.uint32)).all()
+
+
+def _cnn(rng):
+    """conv 3x3 s2 + relu, maxpool 3x3 s2 p1, depthwise 3x3 + residual add, global average pool,
+    flatten, gemm + sigmoid: float16 throughout."""
+    def w(name, *shape, scale=0.3):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float16), name)
+    inits = [w("w1", 16, 3, 3, 3), w("b1", 16), w("w2", 16, 1, 3, 3), w("b2", 16), w("g", 10, 16), w("gb", 10)]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=16),
+             helper.make_node("Add", ["c2", "p1"], ["a2"]),
+             helper.make_node("GlobalAveragePool", ["a2"], ["gp"]),
+             helper.make_node("Flatten", ["gp"], ["f"]),
+             helper.make_node("Gemm", ["f", "g", "gb"], ["d"], transB=1),
+             helper.make_node("Sigmoid", ["d"], ["y"])]
+    g = helper.make_graph(nodes, "cnn16", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 30, 28])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 10])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_float16_cnn_runs_te_kernels_and_agrees_with_onnxruntime():
+    rng = np.random.default_rng(0)
+    m = _cnn(rng)
+    mod = modelc.compile(m)
+    assert not mod.fallbacks
+    steps = [s for s in mod.profile(1) if s["template"] != "(view)"]
+    assert steps and all(s["template"] == "te_group" for s in steps), steps
+    sess = ort.InferenceSession(m.SerializeToString())
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((1, 3, 30, 28)).astype(np.float16)
+        got = mod.run({"x": x})["y"]
+        want = sess.run(None, {"x": x})[0]
+        assert got.dtype == np.float16 and got.shape == want.shape
+        # a few float16 ulps at the output's scale (float16's epsilon is 9.8e-4)
+        err = np.abs(got.astype(np.float32) - want.astype(np.float32)).max() / np.abs(want.astype(np.float32)).max()
+        assert err < 4e-3, err
