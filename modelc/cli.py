@@ -158,7 +158,7 @@ def cmd_tune(args):
     tune(graph, n_trials=args.trials, log=args.log, tuner=args.tuner, strategy=args.strategy,
          trials_per_round=args.trials_per_round, early_stopping=args.early_stopping,
          measure_options=opts, verbose=0 if args.quiet else (2 if args.verbose else 1), seed=args.seed,
-         cluster=args.cluster, target_cpu=args.target)
+         cluster=args.cluster, target_cpu=args.target, module_check=args.module_check)
 
 
 def cmd_records(args):
@@ -268,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure on the nodes of a Ray cluster (pip install -e \".[ray]\"; `ray start --head`)")
     s.add_argument("--target", metavar="CPU", help="with --cluster: the CPU model to tune for, as its nodes "
                    "report it (default: this machine's)")
+    s.add_argument("--module-check", type=int, default=2, metavar="N",
+                   help="afterwards, time each workload's N best configs and its default in the model's "
+                        "module and keep the fastest there (default 2; 0: no check)")
     s.add_argument("-q", "--quiet", action="store_true")
     s.add_argument("-v", "--verbose", action="store_true", help="also print every failed measurement")
     s.set_defaults(fn=cmd_tune)

@@ -342,7 +342,8 @@ def check_program(program, constants: dict, path: str = "module program") -> lis
 
 
 _RECORD_FIELDS = {"v", "key", "desc", "template", "config", "costs", "error", "error_msg", "target",
-                  "workload", "time", "modelc", "weight"}
+                  "workload", "time", "modelc", "weight", "context"}
+RECORD_CONTEXTS = ("kernel", "module")      # timed alone (the tuner's trials), or where it runs in a module
 _validated_keys: set = set()        # keys of workloads already checked (a key is the hash of its workload)
 
 
@@ -361,6 +362,8 @@ def check_record(d, path: str = "record", n_errors: int = 6):
     check_int(d["error"], f"{path}.error", 0, n_errors - 1)
     if "weight" in d:
         check_int(d["weight"], f"{path}.weight", 1)
+    if "context" in d and d["context"] not in RECORD_CONTEXTS:
+        _fail(f"{path}.context", f"expected one of {', '.join(RECORD_CONTEXTS)}, got {_show(d['context'])}")
     if "time" in d and (isinstance(d["time"], bool) or not isinstance(d["time"], (int, float))):
         _fail(f"{path}.time", f"expected a number, got {_show(d['time'])}")
     target = d.get("target", {})

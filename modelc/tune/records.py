@@ -56,6 +56,7 @@ class Record:
     timestamp: float = 0.0
     version: str = VERSION
     weight: int = 1                   # occurrences of the workload in the tuned model (for plots)
+    context: str = "kernel"           # "module": timed where it runs in a model (module_check.py)
 
     @property
     def cost(self) -> float:
@@ -69,7 +70,8 @@ class Record:
         return json.dumps({"v": RECORD_VERSION, "key": self.key, "desc": self.desc, "template": self.template,
                            "config": self.config, "costs": self.costs, "error": self.error,
                            "error_msg": self.error_msg[:500], "target": self.target, "workload": self.workload,
-                           "time": self.timestamp, "modelc": self.version, "weight": self.weight},
+                           "time": self.timestamp, "modelc": self.version, "weight": self.weight,
+                           **({"context": self.context} if self.context != "kernel" else {})},
                           separators=(",", ":"))
 
     @staticmethod
@@ -80,7 +82,8 @@ class Record:
         check_record(d, n_errors=len(ERROR_NAMES))    # a shared log is untrusted: schema first
         return Record(d["key"], d.get("desc", ""), d["template"], d["config"], list(d["costs"]),
                       int(d["error"]), d.get("error_msg", ""), d.get("target", {}), d.get("workload"),
-                      float(d.get("time", 0.0)), d.get("modelc", ""), int(d.get("weight", 1)))
+                      float(d.get("time", 0.0)), d.get("modelc", ""), int(d.get("weight", 1)),
+                      d.get("context", "kernel"))
 
 
 class RecordWriter:
@@ -141,8 +144,10 @@ class RecordWriter:
         self.close()
 
 
-def load_records(path_or_lines, warn: bool = True) -> list:
-    """Records of a log; corrupt or foreign lines are skipped with one warning that counts them."""
+def load_records(path_or_lines, warn: bool = True, in_module: bool = False) -> list:
+    """The tuners' records of a log (with `in_module`, also the module checks' records, which are
+    no trials: module_check.py); corrupt or foreign lines are skipped with one warning that counts
+    them."""
     if isinstance(path_or_lines, (str, os.PathLike)):
         if not os.path.exists(path_or_lines):
             return []
@@ -159,7 +164,8 @@ def load_records(path_or_lines, warn: bool = True) -> list:
             rec = Record.from_json(line)
             if rec.workload is not None:      # the config must be one of the template's for it
                 _check_config(rec)
-            out.append(rec)
+            if in_module or rec.context == "kernel":
+                out.append(rec)
         except (ValueError, KeyError, TypeError, RecursionError, ModelcError) as e:
             bad += 1
             first = first or f" (first: line {n}: {str(e)[:300]})"
@@ -182,7 +188,7 @@ def best_by_key(records, target: dict | None = None) -> dict:
     """The best valid record per (workload key, template) for `target` (None: any target)."""
     best: dict = {}
     for r in records:
-        if r.error != NO_ERROR or (target is not None and not same_target(r.target, target)):
+        if r.error != NO_ERROR or r.context != "kernel" or (target is not None and not same_target(r.target, target)):
             continue
         k = (r.key, r.template)
         if k not in best or r.cost < best[k].cost:
@@ -191,15 +197,16 @@ def best_by_key(records, target: dict | None = None) -> dict:
 
 
 def distill(src: str, dst: str) -> int:
-    """Keep the best record per workload, algorithm (template) and target; returns how many were
-    written. `ApplyHistoryBest` then takes the fastest algorithm of each workload."""
-    recs = load_records(src)
+    """Keep the best record per workload, algorithm (template) and target, and the latest module
+    check of each workload; returns how many were written. `ApplyHistoryBest` then takes the
+    fastest algorithm of each workload."""
+    recs = load_records(src, in_module=True)
     best: dict = {}
     for r in recs:
         if r.error != NO_ERROR:
             continue
-        k = (r.key, r.template, json.dumps(r.target, sort_keys=True))
-        if k not in best or r.cost < best[k].cost:
+        k = (r.key, r.template if r.context == "kernel" else "", json.dumps(r.target, sort_keys=True), r.context)
+        if k not in best or (r.cost < best[k].cost if r.context == "kernel" else r.timestamp >= best[k].timestamp):
             best[k] = r
     tmp = dst + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -207,6 +214,21 @@ def distill(src: str, dst: str) -> int:
             f.write(r.to_json() + "\n")
     os.replace(tmp, dst)
     return len(best)
+
+
+def module_checks(records, target: dict | None, best: dict) -> dict:
+    """The latest module check's choice per workload key (module_check.py), where no kernel record
+    of that workload is newer (tuned since, the isolated best is again the one to take)."""
+    newest: dict = {}
+    for r in best.values():
+        newest[r.key] = max(newest.get(r.key, 0.0), r.timestamp)
+    out: dict = {}
+    for r in records:
+        if r.context != "module" or r.error != NO_ERROR or (target is not None and not same_target(r.target, target)):
+            continue
+        if r.timestamp >= newest.get(r.key, float("inf")) and (r.key not in out or r.timestamp >= out[r.key].timestamp):
+            out[r.key] = r
+    return out
 
 
 class ApplyHistoryBest:
@@ -220,11 +242,12 @@ class ApplyHistoryBest:
         if isinstance(log_or_records, (str, os.PathLike)):
             if not os.path.exists(log_or_records):
                 raise ModelcError(f"tuning log {os.fspath(log_or_records)!r} does not exist")
-            recs = load_records(log_or_records)
+            recs = load_records(log_or_records, in_module=True)
         else:
             recs = list(log_or_records)
         self.target = target or current_target()
         self.best = best_by_key(recs, None if any_target else self.target)
+        self.in_module = module_checks(recs, None if any_target else self.target, self.best)
         self.hits: list = []
         self.misses: list = []
         self.summary = ""
@@ -234,7 +257,11 @@ class ApplyHistoryBest:
         return None if rec is None else rec.config
 
     def choose(self, key: str, templates: list):
-        """(template, config) of the fastest record among a workload's algorithms, or None."""
+        """(template, config) of the fastest record among a workload's algorithms, or None: the
+        module check's choice where there is one (module_check.py)."""
+        checked = self.in_module.get(key)
+        if checked is not None and checked.template in templates:
+            return checked.template, checked.config
         recs = [self.best[(key, t)] for t in templates if (key, t) in self.best]
         if not recs:
             return None

@@ -115,7 +115,7 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
          tuner: str = "xgb", strategy: str = "gradient", trials_per_round: int = 16,
          early_stopping: int | None = None, measure_options: MeasureOptions | None = None,
          verbose: int = 1, callbacks=(), seed: int = 0, tasks: list | None = None,
-         cluster: str | None = None, target_cpu: str | None = None):
+         cluster: str | None = None, target_cpu: str | None = None, module_check: int = 2):
     """Tune a model's kernels with a budget of `n_trials` measurements, appending to `log`.
 
     The budget counts the trials already in the log for these tasks, so running the same
@@ -123,6 +123,8 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
     verbose: 0 quiet, 1 progress bar and per-round table, 2 also every measurement error.
     cluster: None measures in local worker processes; "auto" or "HOST:PORT" on the nodes of a Ray
     cluster whose CPU is `target_cpu` (default: the driver's), and the records are for that CPU.
+    module_check: afterwards, time each workload's best `module_check` configs and its default in
+    the model's module and log the fastest there (module_check.py; 0: no check). Local tuning only.
     Returns the scheduler (best latencies, trials per task, the round log).
     """
     if tuner not in TUNERS:
@@ -132,7 +134,10 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
     if cluster is None:
         if target_cpu is not None:
             raise ModelcError("tuning for another CPU than this machine's needs a cluster of it (cluster=...)")
-        return _tune(*args, None, R.current_target())
+        sched = _tune(*args, None, R.current_target())
+        if module_check and n_trials > 0:
+            _module_check(model, log, shape, module_check, verbose)
+        return sched
     with logs.shown(verbose):
         measurer = cluster_measurer(cluster, measure_options, target_cpu)
     try:
@@ -141,6 +146,25 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
             return _tune(*args, measurer, measurer.target)
     finally:
         measurer.close()
+
+
+def _module_check(model, log, shape, n: int, verbose: int):
+    from . import module_check
+    with logs.shown(verbose):
+        bar = None
+        if verbose >= 1:
+            from tqdm import tqdm
+            bar = tqdm(desc="module check", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+        def progress(done, total, text):
+            bar.total = total
+            bar.update(done - bar.n)
+            bar.set_postfix_str(text)
+        try:
+            module_check.check(model, log, shape=shape, n=n, progress=progress if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
 
 
 def _tune(model, n_trials, log, shape, tuner, strategy, trials_per_round, early_stopping, measure_options,
