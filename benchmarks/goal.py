@@ -11,7 +11,7 @@ installed), and every module in alternating blocks, check each against onnxrunti
 - untuned / onnxruntime (goal <= 1.2; <= 1.3 for the larger torchvision models),
 - tuned / min(onnxruntime, OpenVINO) per budget (goal <= 0.8; <= 0.9),
 - the share of the largest budget's gain that the smallest reached (goal >= 80%),
-- trials per minute (goal >= 120 on 2 cores),
+- trials per minute (goal >= 120 on 2 cores), and the seconds the module checks took after the runs,
 - the module's latency against the sum of its kernels' latencies, each timed in the running module
   and as the tuning log has them (goal within 5%).
 
@@ -34,6 +34,7 @@ from modelc import peers  # noqa: E402
 from modelc.compare import TOLERANCE, alternating_timings  # noqa: E402
 from modelc.resolve import resolve_model  # noqa: E402
 from modelc.target import current as current_target  # noqa: E402
+from modelc.tune import module_check  # noqa: E402
 from modelc.tune import records as R  # noqa: E402
 from modelc.tune.tuning import tuning_tasks  # noqa: E402
 
@@ -42,23 +43,35 @@ LARGER = {"resnet50", "efficientnet_b0", "squeezenet1_1"}     # goals 1.3 and 0.
 
 
 def tune_to(graph, log: str, budgets: list, keys: set) -> list:
-    """Tune to each budget in turn; returns (budget, trials measured, seconds) per budget."""
+    """Tune to each budget in turn, then run the module check (module_check.py); returns (budget,
+    trials measured, seconds tuning, seconds checking) per budget."""
     out = []
     for n in budgets:
         before = sum(r.key in keys for r in R.load_records(log, warn=False)) if os.path.exists(log) else 0
         t0 = time.perf_counter()
-        modelc.tune(graph, n_trials=n, log=log, verbose=0)
+        modelc.tune(graph, n_trials=n, log=log, verbose=0, module_check=0)
         secs = time.perf_counter() - t0
         after = sum(r.key in keys for r in R.load_records(log, warn=False))
-        out.append((n, after - before, secs))
+        t0 = time.perf_counter()
+        if after > before:
+            module_check.check(graph, log)
+        out.append((n, after - before, secs, time.perf_counter() - t0))
     return out
 
 
 def tuned_module(graph, log: str, n: int, keys: set):
-    """The module a log's first `n` records of this model give (the state after an n-trial run)."""
+    """The module a log gives after an n-trial run: its first `n` kernel records of this model and
+    the module check that followed them."""
     target = R.current_target()
-    recs = [r for r in R.load_records(log, warn=False) if r.key in keys and R.same_target(r.target, target)]
-    with R.ApplyHistoryBest(recs[:n]):
+    recs, trials = [], 0
+    for r in R.load_records(log, warn=False, in_module=True):
+        if r.key not in keys or not R.same_target(r.target, target):
+            continue
+        trials += r.context == "kernel"
+        if trials > n:
+            break
+        recs.append(r)
+    with R.ApplyHistoryBest(recs):
         return modelc.compile(graph)
 
 
@@ -117,10 +130,11 @@ def report(r: dict) -> list:
     cells += [verdict(ms[f"tuned {n}"] / peer, g_tuned) for n in b]
     gain = ms["untuned"] - ms[f"tuned {b[-1]}"]
     share = (ms["untuned"] - ms[f"tuned {b[0]}"]) / gain if gain > 0 else float("nan")
-    trials = sum(t for _, t, _ in r["rates"])
-    secs = sum(s for _, _, s in r["rates"])
+    trials = sum(t for _, t, _, _ in r["rates"])
+    secs = sum(s for _, _, s, _ in r["rates"])
+    check = sum(c for *_, c in r["rates"])
     cells.append(f"{100 * share:.0f}%" if len(b) > 1 else "-")
-    cells.append(f"{60 * trials / secs:.0f}" if trials else "-")
+    cells.append(f"{60 * trials / secs:.0f} ({check:.0f} s check)" if trials else "-")
     cells.append(f"{ms[f'tuned {b[-1]}'] / r['kernels_ms']:.2f} / {ms[f'tuned {b[-1]}'] / r['logged_ms']:.2f}")
     cells.append(f"{max(r['errs'][k] for k in r['errs'] if k != 'openvino'):.1e}")
     return cells

@@ -27,10 +27,14 @@ from . import expr as E
 from .dag import ComputeDAG
 from .expr import DeclarationError
 from .lower import KernelPlan, plan as plan_of
-from .lowerings import LOWER, Split, Unsupported, Value, flat, read
+from . import windows
+from .lowerings import LOWER as _LOWER
+from .lowerings import Split, Unsupported, Value, flat, read
 from .tensor import compute, placeholder
 
 __all__ = ["Declared", "Unsupported", "declare"]
+
+LOWER = {**_LOWER, **windows.LOWER}         # every op a group's declaration may hold
 
 
 @dataclass

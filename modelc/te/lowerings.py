@@ -2,10 +2,10 @@
 
 Each lowering takes the group's builder, the op and the workload, and returns the op's Value: its
 logical shape and dtype and its element at logical indices, as a te expression. Elementwise ops
-stay expressions (always inlined); an anchor with a reduction (Conv, Dense, MatMul, Einsum, the
-Reduce ops) declares a te stage, in the blocked order of the group's output where it can, so the
-store fuses with it. A form outside what is lowered raises Unsupported and the group keeps its
-template (or the numpy fallback).
+stay expressions (always inlined), and so do data-movement ops (index arithmetic); an anchor with a
+reduction (Dense, MatMul, Einsum, the Reduce ops here; Conv and pools in windows.py) declares a te
+stage, in the blocked order of the group's output where it can, so the store fuses with it. A form
+outside what is lowered raises Unsupported and the group keeps its template (or the numpy fallback).
 """
 from __future__ import annotations
 
@@ -204,106 +204,6 @@ _ELEMENTWISE = {
 
 # ---- anchors with a reduction ---------------------------------------------------------------
 
-def _conv(b, op, wl):
-    """2-d convolution (groups 1, or depthwise), bias, any stride, dilation and padding; a
-    ScaledConv reads its input times a per-channel gate s[N, C, 1, 1]."""
-    if len(op.args) < 2 or op.attr("auto_pad", "NOTSET") not in ("NOTSET", b""):
-        raise Unsupported("Conv form")
-    x = b.value(op.args[0])
-    gate = b.value(op.args[3]) if op.op == "ScaledConv" and len(op.args) > 3 else None
-    if op.op == "ScaledConv" and (gate is None or gate.shape != (x.shape[0], x.shape[1], 1, 1)
-                                  or gate.dtype != x.dtype):
-        raise Unsupported("ScaledConv gate")
-    wk = b.const_input(op.args[1])
-    w = wl.inputs[wk]
-    if len(x.shape) != 4 or len(w.shape) != 4 or not _is_float(x.dtype) or np.dtype(w.dtype).name != x.dtype:
-        raise Unsupported("Conv rank or dtype")
-    n, C, H, W = x.shape
-    K, Cg, KH, KW = w.shape
-    G = int(op.attr("group", 1))
-    sy, sx = op.attr("strides", [1, 1])
-    dy, dx = op.attr("dilations", [1, 1])
-    pt, pl, pb, pr = op.attr("pads", [0, 0, 0, 0])
-    depthwise = G > 1 and Cg == 1 and K == C == G
-    if not (G == 1 or depthwise):
-        raise Unsupported("grouped Conv")
-    out_shape = tuple(wl.spec(f"v{op.index}").shape)
-    OH, OW = out_shape[2:]
-    blk = b.blocked_anchor(out_shape)
-    xin = wl.inputs[int(op.args[0][1:])] if op.args[0].startswith("i") else None
-    halo = xin.layout[1] if xin is not None and xin.layout else 0
-    guard = halo < max(pt, pb, pl, pr)
-    bi = xin.layout[0] if xin is not None and xin.layout and not depthwise else 1
-
-    def tap(nn, ci, y, xx, ky, kx):
-        iy, ix = y * sy + ky * dy - pt, xx * sx + kx * dx - pl
-        v = x.at([nn, ci, iy, ix])
-        if gate is not None:
-            v = v * gate.at([nn, ci, 0, 0])
-        if not guard:
-            return v
-        return E.if_then_else((iy >= 0) & (iy < H) & (ix >= 0) & (ix < W), v, _c(0, x.dtype))
-
-    ky, kx = reduce_axis((0, KH), "ky"), reduce_axis((0, KW), "kx")
-    wv = np.dtype(w.dtype).name
-    if blk:
-        if depthwise:
-            Wp = b._placeholder((K // blk, KH, KW, blk), wv, f"te_w{wk}",
-                                lambda consts: _pack_depthwise(consts[wk], blk))
-        else:
-            Wp = b._placeholder((K // blk, Cg, KH, KW, blk), wv, f"te_w{wk}",
-                                lambda consts: _pack_conv(consts[wk], blk))
-    else:
-        Wp = b._placeholder(w.shape, wv, f"in{wk}")
-    if depthwise:
-        def body(nn, c, y, xx):
-            wt = Wp[c.blk, ky, kx, c.lane] if blk else Wp[c, 0, ky, kx]
-            return reduction("sum", tap(nn, c, y, xx, ky, kx) * wt, (ky, kx))
-    elif bi > 1 and C % bi == 0:
-        rco, rci = reduce_axis((0, C // bi), "rco"), reduce_axis((0, bi), "rci")
-
-        def body(nn, c, y, xx):
-            rc = rco * bi + rci
-            wt = Wp[c.blk, rc, ky, kx, c.lane] if blk else Wp[c, rc, ky, kx]
-            return reduction("sum", tap(nn, Split(rco, rci, bi), y, xx, ky, kx) * wt, (rco, ky, kx, rci))
-    else:
-        rc = reduce_axis((0, C), "rc")
-
-        def body(nn, c, y, xx):
-            wt = Wp[c.blk, rc, ky, kx, c.lane] if blk else Wp[c, rc, ky, kx]
-            return reduction("sum", tap(nn, rc, y, xx, ky, kx) * wt, (rc, ky, kx))
-    if blk:
-        stage = compute((n, K // blk, OH, OW, blk), lambda q0, q1, q2, q3, q4: body(q0, Split(q1, q4, blk), q2, q3),
-                        name="conv")
-    else:
-        stage = compute(out_shape, lambda q0, q1, q2, q3: body(q0, q1, q2, q3), name="conv")
-    bias = b.value(op.args[2]) if len(op.args) > 2 and op.args[2] else None
-    if bias is not None and (bias.shape != (K,) or bias.dtype != x.dtype):
-        raise Unsupported("Conv bias")
-
-    def at(idx):
-        nn, c, y, xx = idx
-        if blk:
-            if not (isinstance(c, Split) and c.b == blk):
-                c = flat(c)
-                c = Split(c // blk, c % blk, blk)
-            v = stage[nn, c.blk, y, xx, c.lane]
-        else:
-            v = stage[nn, flat(c), y, xx]
-        return v if bias is None else v + bias.at([c])
-    return Value(out_shape, x.dtype, at)
-
-
-def _pack_conv(w, b):
-    K, Cg, KH, KW = w.shape
-    return np.ascontiguousarray(w.reshape(K // b, b, Cg, KH, KW).transpose(0, 2, 3, 4, 1))
-
-
-def _pack_depthwise(w, b):
-    K, _, KH, KW = w.shape
-    return np.ascontiguousarray(w.reshape(K // b, b, KH, KW).transpose(0, 2, 3, 1))
-
-
 def _matmul(b, op, wl):
     """numpy matmul of operands of rank >= 2 (batch dimensions broadcast); Dense is x @ w + bias."""
     a, w = b.value(op.args[0]), b.value(op.args[1])
@@ -431,7 +331,7 @@ def _reduce(b, op, wl):
     return Value(out_shape, dt, at)
 
 
-# ---- data movement and pooling ----------------------------------------------------------------
+# ---- data movement ----------------------------------------------------------------------------
 
 def _reshape(b, op, wl):
     """Reshape, Flatten, Squeeze, Unsqueeze: the element at the same row-major position."""
@@ -474,80 +374,7 @@ def _transpose(b, op, wl):
     return Value(out_shape, x.dtype, at)
 
 
-def _pool(b, op, wl):
-    """2-d MaxPool (without indices) and AveragePool, any stride, dilation and padding (windows past
-    the input read -inf or are not counted), and GlobalAveragePool / GlobalMaxPool."""
-    x = b.value(op.args[0])
-    if len(x.shape) != 4 or not _is_float(x.dtype) or op.attr("auto_pad", "NOTSET") not in ("NOTSET", b"", ""):
-        raise Unsupported(f"{op.op} form")
-    n, C, H, W = x.shape
-    is_max = op.op in ("MaxPool", "GlobalMaxPool")
-    if op.op.startswith("Global"):
-        KH, KW, sy, sx, dy, dx, pt, pl = H, W, 1, 1, 1, 1, 0, 0
-    else:
-        if len(op.attr("kernel_shape", [])) != 2:
-            raise Unsupported(f"{op.op} rank")
-        KH, KW = op.attr("kernel_shape")
-        sy, sx = op.attr("strides", [1, 1])
-        dy, dx = op.attr("dilations", [1, 1])
-        pt, pl, pb, pr = op.attr("pads", [0, 0, 0, 0])
-    out_shape = tuple(wl.spec(f"v{op.index}").shape)
-    OH, OW = out_shape[2:]
-    guard_y = pt > 0 or (OH - 1) * sy + (KH - 1) * dy - pt >= H
-    guard_x = pl > 0 or (OW - 1) * sx + (KW - 1) * dx - pl >= W
-    ky, kx = reduce_axis((0, KH), "ky"), reduce_axis((0, KW), "kx")
-    dt = x.dtype
-    empty = _c(-np.inf if is_max else 0, dt)
-
-    def body(nn, c, y, xx):
-        iy, ix = y * sy + ky * dy - pt, xx * sx + kx * dx - pl
-        inside = [t for t, on in (((iy >= 0) & (iy < H), guard_y), ((ix >= 0) & (ix < W), guard_x)) if on]
-        v = x.at([nn, c, iy, ix])
-        if inside:
-            v = E.if_then_else(inside[0] & inside[1] if len(inside) == 2 else inside[0], v, empty)
-        return reduction("max" if is_max else "sum", v, (ky, kx))
-    blk = b.blocked_anchor(out_shape)
-    if blk:
-        stage = compute((n, C // blk, OH, OW, blk), lambda q0, q1, q2, q3, q4: body(q0, Split(q1, q4, blk), q2, q3),
-                        name="pool")
-    else:
-        stage = compute(out_shape, body, name="pool")
-    include_pad = int(op.attr("count_include_pad", 0))
-
-    def count(y, xx):
-        """Taps of the window at (y, xx) inside the input (or the padded input, count_include_pad)."""
-        hi_y, hi_x = (H + pb, W + pr) if include_pad else (H, W)
-        lo_y, lo_x = (-pt, -pl) if include_pad else (0, 0)
-        y0, x0 = y * sy - pt, xx * sx - pl
-        ny = _taps(y0, dy, KH, lo_y, hi_y) if guard_y else E.Const(KH, E.INDEX)
-        nx = _taps(x0, dx, KW, lo_x, hi_x) if guard_x else E.Const(KW, E.INDEX)
-        return E.cast(dt, ny * nx)
-
-    def at(idx):
-        nn, c, y, xx = idx
-        if blk:
-            if not (isinstance(c, Split) and c.b == blk):
-                c = Split(flat(c) // blk, flat(c) % blk, blk)
-            v = stage[nn, c.blk, y, xx, c.lane]
-        else:
-            v = stage[nn, flat(c), y, xx]
-        if is_max:
-            return v
-        if op.op == "GlobalAveragePool" or not (guard_y or guard_x):
-            return v / _c(KH * KW, dt)
-        return v / count(y, xx)
-    return Value(out_shape, dt, at)
-
-
-def _taps(start, step: int, k: int, lo: int, hi: int):
-    """How many of start + t * step (t < k) lie in [lo, hi): a window's taps inside the input."""
-    first = E.call("max", (lo - start + step - 1) // step, E.Const(0, E.INDEX))
-    last = E.call("min", (hi - 1 - start) // step, E.Const(k - 1, E.INDEX))
-    return E.call("max", last - first + 1, E.Const(0, E.INDEX))
-
-
 LOWER = {**{k: _elementwise(fn) for k, fn in _ELEMENTWISE.items()},
-          "Conv": _conv, "ScaledConv": _conv, "MatMul": _matmul, "Dense": _matmul, "Einsum": _einsum,
+          "MatMul": _matmul, "Dense": _matmul, "Einsum": _einsum,
           **{k: _reduce for k in _REDUCE}, "Transpose": _transpose, "Expand": _expand,
-          **{k: _reshape for k in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")},
-          **{k: _pool for k in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool")}}
+          **{k: _reshape for k in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")}}

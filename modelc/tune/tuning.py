@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 
@@ -134,8 +135,10 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
     if cluster is None:
         if target_cpu is not None:
             raise ModelcError("tuning for another CPU than this machine's needs a cluster of it (cluster=...)")
+        size = os.path.getsize(log) if os.path.exists(log) else 0
         sched = _tune(*args, None, R.current_target())
-        if module_check and n_trials > 0:
+        # after a run that measured something (not a resume at its budget), on a model (not tasks alone)
+        if module_check and model is not None and os.path.exists(log) and os.path.getsize(log) > size:
             _module_check(model, log, shape, module_check, verbose)
         return sched
     with logs.shown(verbose):
