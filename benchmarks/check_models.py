@@ -25,15 +25,20 @@ from modelc.compare import TOLERANCE, alternating_timings  # noqa: E402
 from modelc.errors import ModelcError  # noqa: E402
 
 
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+              "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_}
+
+
 def _inputs(sess, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     feeds = {}
     for i in sess.get_inputs():
         shape = [d if isinstance(d, int) else 1 for d in i.shape]
-        if "int64" in i.type:
-            feeds[i.name] = rng.integers(0, 100, shape).astype(np.int64)
+        dt = _ORT_TYPES.get(i.type, np.float32)
+        if np.dtype(dt).kind in "iub":
+            feeds[i.name] = rng.integers(0, 2 if dt == np.bool_ else 100, shape).astype(dt)
         else:
-            feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
+            feeds[i.name] = rng.standard_normal(shape).astype(dt)
     return feeds
 
 
