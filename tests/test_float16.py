@@ -96,3 +96,20 @@ def test_float16_cnn_runs_te_kernels_and_agrees_with_onnxruntime():
         # a few float16 ulps at the output's scale (float16's epsilon is 9.8e-4)
         err = np.abs(got.astype(np.float32) - want.astype(np.float32)).max() / np.abs(want.astype(np.float32)).max()
         assert err < 4e-3, err
+
+
+def test_float16_tasks_tune_without_failed_measurements(tmp_path, caplog):
+    """The measurer checks a float16 kernel at float16's precision and evicts its float16 arrays."""
+    from modelc.tune import records as R
+    from modelc.tune.measure import MeasureOptions
+    m = _cnn(np.random.default_rng(1))
+    graph = modelc.from_onnx(m)
+    log = str(tmp_path / "cnn16.jsonl")
+    modelc.tune(graph, n_trials=6, log=log, trials_per_round=3, verbose=0, module_check=0,
+                measure_options=MeasureOptions(number=2, repeat=2, min_repeat_ms=1))
+    recs = R.load_records(log)
+    assert len(recs) == 6 and all(r.error == R.NO_ERROR for r in recs), [r.error_msg for r in recs if r.error]
+    caplog.set_level("INFO", logger="modelc")
+    with modelc.ApplyHistoryBest(log):
+        modelc.compile(graph)
+    assert f"{len({r.key for r in recs})} of" in caplog.text

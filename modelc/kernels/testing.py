@@ -42,6 +42,14 @@ def max_rel_error(got: list, want: list) -> float:
     return err
 
 
+def tolerance(wl: Workload, base: float) -> float:
+    """`base` (relative to the output scale), or a few units of the least precise float output's
+    epsilon where that is coarser: a float16 kernel computes in float32 and rounds where the
+    reference rounds, so it may differ from it by an ulp or two of float16 at the output's scale."""
+    eps = [np.finfo(t.dtype).eps for t in wl.outputs if np.dtype(t.dtype).kind == "f"]
+    return max(base, 4 * float(max(eps))) if eps else base
+
+
 def run(wl: Workload, template: Template, cfg, inputs: list | None = None, seed: int = 0):
     """(logical outputs, reference outputs, compiled fn, args) of one kernel on seeded inputs."""
     kernel = template.build(wl, cfg)
