@@ -65,11 +65,11 @@ def _cnn(rng):
     flatten, gemm + sigmoid: float16 throughout."""
     def w(name, *shape, scale=0.3):
         return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float16), name)
-    inits = [w("w1", 16, 3, 3, 3), w("b1", 16), w("w2", 16, 1, 3, 3), w("b2", 16), w("g", 10, 16), w("gb", 10)]
+    inits = [w("w1", 64, 3, 3, 3), w("b1", 64), w("w2", 64, 1, 3, 3), w("b2", 64), w("g", 10, 64), w("gb", 10)]
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=16),
+             helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=64),
              helper.make_node("Add", ["c2", "p1"], ["a2"]),
              helper.make_node("GlobalAveragePool", ["a2"], ["gp"]),
              helper.make_node("Flatten", ["gp"], ["f"]),
@@ -99,17 +99,32 @@ def test_float16_cnn_runs_te_kernels_and_agrees_with_onnxruntime():
 
 
 def test_float16_tasks_tune_without_failed_measurements(tmp_path, caplog):
-    """The measurer checks a float16 kernel at float16's precision and evicts its float16 arrays."""
+    """The measurer checks a float16 kernel at float16's precision and evicts its float16 arrays;
+    the module check skips a tunable group that runs as a view (the Flatten: no kernel to time)."""
+    import dataclasses
+
+    from modelc.kernels.template import get
+    from modelc.kernels.workload import Workload
+    from modelc.tune import module_check
     from modelc.tune import records as R
     from modelc.tune.measure import MeasureOptions
     m = _cnn(np.random.default_rng(1))
     graph = modelc.from_onnx(m)
     log = str(tmp_path / "cnn16.jsonl")
-    modelc.tune(graph, n_trials=6, log=log, trials_per_round=3, verbose=0, module_check=0,
+    modelc.tune(graph, n_trials=9, log=log, trials_per_round=3, verbose=0, module_check=0,
                 measure_options=MeasureOptions(number=2, repeat=2, min_repeat_ms=1))
     recs = R.load_records(log)
-    assert len(recs) == 6 and all(r.error == R.NO_ERROR for r in recs), [r.error_msg for r in recs if r.error]
+    assert len(recs) == 9 and all(r.error == R.NO_ERROR for r in recs), [r.error_msg for r in recs if r.error]
     caplog.set_level("INFO", logger="modelc")
     with modelc.ApplyHistoryBest(log):
         modelc.compile(graph)
     assert f"{len({r.key for r in recs})} of" in caplog.text
+    # a second config of every measured workload, the reshape's among them, then the check
+    with R.RecordWriter(log) as w:
+        for r in {r.key: r for r in recs}.values():
+            space = get(r.template).space(Workload(r.workload))
+            other = next(space.get(i).values for i in range(len(space)) if space.get(i).values != r.config)
+            w.write(dataclasses.replace(r, config=dict(other), costs=[r.cost * 2]))
+    assert any(r.desc.startswith("reshape") for r in recs)
+    checked = module_check.check(graph, log)
+    assert checked and not any(r.desc.startswith("reshape") for r in checked)
