@@ -131,6 +131,33 @@ def transpose_reshape_f16():
                _t((8, 15), "float16", value="v2"), {"p0": {"dtype": "int64", "shape": [2], "value": [8, 15]}})
 
 
+def _ints(**named):
+    return {k: {"dtype": "int64", "shape": [len(v)], "value": list(v)} for k, v in named.items()}
+
+
+def slice_f16():
+    """Steps of 2 and -1 (ONNX's clamping of negative steps), then a Relu."""
+    return _wl([_t((3, 8, 6), "float16")],
+               [{"op": "Slice", "attrs": {}, "args": ["i0", "p0", "p1", "p2", "p3"]},
+                {"op": "Relu", "attrs": {}, "args": ["v0"]}],
+               _t((3, 4, 5), "float16", value="v1"), _ints(p0=[1, 5], p1=[8, 0], p2=[1, 2], p3=[2, -1]))
+
+
+def concat_f16():
+    return _wl([_t((2, 3, 5), "float16"), _t((2, 4, 5), "float16"), _t((2, 1, 5), "float16")],
+               [{"op": "Concat", "attrs": {"axis": 1}, "args": ["i0", "i1", "i2"]},
+                {"op": "Mul", "attrs": {}, "args": ["v0", "v0"]}],
+               _t((2, 8, 5), "float16", value="v1"))
+
+
+def pad_f16(mode):
+    params = _ints(p0=[0, 2, -1, 0, 1, 3])
+    params["p1"] = {"dtype": "float16", "shape": [], "value": 1.5}
+    return _wl([_t((3, 5, 4), "float16")],
+               [{"op": "Pad", "attrs": {"mode": mode}, "args": ["i0", "p0", "p1"]}],
+               _t((3, 8, 6), "float16", value="v0"), params)
+
+
 # case: (workload, the te template that builds it, the template `compile` picks by default)
 CASES = {"conv_residual": (conv_residual, "te_conv2d", "conv2d"),
          "conv_guarded": (conv_guarded, "te_conv", "conv_generic"),
@@ -156,7 +183,11 @@ CASES = {"conv_residual": (conv_residual, "te_conv2d", "conv2d"),
                                           count_include_pad=1, ceil_mode=1), "te_group", "te_group"),
          "global_avg_f16": (lambda: pool("GlobalAveragePool", (2, 16, 5, 6), (2, 16, 1, 1), (8, 0)),
                             "te_group", "te_group"),
-         "global_max_f16": (lambda: pool("GlobalMaxPool", (2, 3, 5, 6), (2, 3, 1, 1)), "te_group", "te_group")}
+         "global_max_f16": (lambda: pool("GlobalMaxPool", (2, 3, 5, 6), (2, 3, 1, 1)), "te_group", "te_group"),
+         "slice_f16": (slice_f16, "te_group", "te_group"),
+         "concat_f16": (concat_f16, "te_group", "te_group"),
+         "pad_constant_f16": (lambda: pad_f16("constant"), "te_group", "te_group"),
+         "pad_edge_f16": (lambda: pad_f16("edge"), "te_group", "te_group")}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -353,6 +353,79 @@ def _reshape(b, op, wl):
     return Value(out_shape, x.dtype, at)
 
 
+def _params(wl, op, first: int) -> list:
+    """The constant operands of `op` from input `first` on (None where absent)."""
+    out = []
+    for ref in op.args[first:]:
+        if ref and not ref.startswith("p"):
+            raise Unsupported(f"{op.op} with runtime {ref}")
+        out.append(wl.params[ref] if ref else None)
+    return out
+
+
+def _slice(b, op, wl):
+    from ..ops.shape import _slices
+    x = b.value(op.args[0])
+    try:
+        sl = _slices(x.shape, *_params(wl, op, 1))
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    steps = [(s.start or 0, 1 if s.step is None else s.step) for s in sl]
+    return Value(out_shape, x.dtype, lambda idx: x.at([flat(i) * st + lo if (lo, st) != (0, 1) else flat(i)
+                                                       for i, (lo, st) in zip(idx, steps)]))
+
+
+def _concat(b, op, wl):
+    xs = [b.value(a) for a in op.args]
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    a = int(op.attr("axis", 0)) % len(out_shape)
+    xs = [x for x in xs if x.shape[a]]                # empty inputs add nothing
+    if not xs or len({x.dtype for x in xs}) != 1:
+        raise Unsupported("Concat operands")
+    offs = np.cumsum([0] + [x.shape[a] for x in xs]).tolist()
+
+    def at(idx):
+        idx = [flat(i) for i in idx]
+        v = None
+        for x, lo, hi in reversed(list(zip(xs, offs, offs[1:]))):
+            e = x.at(idx[:a] + [idx[a] - lo if lo else idx[a]] + idx[a + 1:])
+            v = e if v is None else E.if_then_else(idx[a] < hi, e, v)
+        return v
+    return Value(out_shape, xs[0].dtype, at)
+
+
+def _pad(b, op, wl):
+    from ..ops.pad import _pad_widths
+    x = b.value(op.args[0])
+    mode = op.attr("mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    pads, value, axes = (_params(wl, op, 1) + [None, None])[:3]
+    if mode not in ("constant", "edge") or pads is None or not x.shape:
+        raise Unsupported(f"Pad mode {mode}")
+    try:
+        widths, out_shape = _pad_widths(x.shape, pads, axes)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    fill = _c(0 if value is None or np.asarray(value).size == 0 else np.asarray(value).reshape(-1)[0].item(),
+              x.dtype) if x.dtype != "bool" else E.Const(bool(value is not None and np.asarray(value).any()), "bool")
+
+    def at(idx):
+        src = [flat(i) - lo if lo else flat(i) for i, (lo, _) in zip(idx, widths)]
+        if mode == "edge":
+            return x.at([E.call("min", E.call("max", j, E.Const(0, E.INDEX)), E.Const(d - 1, E.INDEX))
+                         if lo or hi else j for j, d, (lo, hi) in zip(src, x.shape, widths)])
+        inside = [(j >= 0) & (j < d) for j, d, (lo, hi) in zip(src, x.shape, widths) if lo > 0 or hi > 0]
+        v = x.at(src)
+        if not inside:
+            return v
+        cond = inside[0]
+        for c in inside[1:]:
+            cond = cond & c
+        return E.if_then_else(cond, v, fill)
+    return Value(tuple(out_shape), x.dtype, at)
+
+
 def _expand(b, op, wl):
     x = b.value(op.args[0])
     out_shape = tuple(wl.spec(f"v{op.index}").shape)
@@ -377,4 +450,5 @@ def _transpose(b, op, wl):
 LOWER = {**{k: _elementwise(fn) for k, fn in _ELEMENTWISE.items()},
           "MatMul": _matmul, "Dense": _matmul, "Einsum": _einsum,
           **{k: _reduce for k in _REDUCE}, "Transpose": _transpose, "Expand": _expand,
+          "Slice": _slice, "Concat": _concat, "Pad": _pad,
           **{k: _reshape for k in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")}}
