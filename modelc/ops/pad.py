@@ -10,7 +10,7 @@ from .registry import Kind, register
 PAD_MODES = ("constant", "reflect", "edge", "wrap")
 
 
-def _pad_widths(shape, pads, axes=None):
+def pad_widths(shape, pads, axes=None):
     r = len(shape)
     axes = list(range(r)) if optional(axes) is None else axis_indices(int_list(axes), r)
     p = int_list(pads)
@@ -29,13 +29,13 @@ def _pad_infer(x, pads, value=None, axes=None, mode="constant"):
     one_d(pads=pads, axes=axes)
     if mode not in PAD_MODES:
         raise ValueError(f"mode {mode!r} is not one of {list(PAD_MODES)}")
-    return _pad_widths(x.shape, known(pads, "pads"), known(axes, "axes"))[1], x.dtype
+    return pad_widths(x.shape, known(pads, "pads"), known(axes, "axes"))[1], x.dtype
 
 
 @register("Pad", Kind.INJECTIVE, infer=_pad_infer, param_inputs=(1, 3))
 def pad(x, pads, constant_value=None, axes=None, *, mode="constant"):
     """Negative pads crop first; numpy pads the rest (its modes share ONNX's names)."""
-    widths, _ = _pad_widths(x.shape, pads, axes)
+    widths, _ = pad_widths(x.shape, pads, axes)
     crop = tuple(slice(max(-b, 0), d - max(-e, 0)) for d, (b, e) in zip(x.shape, widths))
     x = x[crop]
     widths = [(max(b, 0), max(e, 0)) for b, e in widths]

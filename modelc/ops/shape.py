@@ -147,7 +147,7 @@ def split(x, split=None, *, axis=0, num_outputs=None):
     return tuple(np.split(x, np.cumsum(sizes)[:-1], axis=a))
 
 
-def _slices(shape, starts, ends, axes=None, steps=None) -> tuple:
+def slice_bounds(shape, starts, ends, axes=None, steps=None) -> tuple:
     """numpy slices for ONNX Slice; ONNX clamps differently from Python for negative steps."""
     starts, ends = int_list(starts), int_list(ends)
     axes = list(range(len(starts))) if optional(axes) is None else axis_indices(int_list(axes), len(shape))
@@ -170,14 +170,14 @@ def _slices(shape, starts, ends, axes=None, steps=None) -> tuple:
 
 def _slice_infer(x, starts, ends, axes=None, steps=None):
     one_d(starts=starts, ends=ends, axes=axes, steps=steps)
-    sl = _slices(x.shape, known(starts, "starts"), known(ends, "ends"), known(axes, "axes"),
+    sl = slice_bounds(x.shape, known(starts, "starts"), known(ends, "ends"), known(axes, "axes"),
                 known(steps, "steps"))
     return tuple(len(range(d)[s]) for d, s in zip(x.shape, sl)), x.dtype
 
 
 @register("Slice", Kind.INJECTIVE, infer=_slice_infer, param_inputs=(1, 2, 3, 4))
 def slice_(x, starts, ends, axes=None, steps=None):
-    return x[_slices(x.shape, starts, ends, axes, steps)]
+    return x[slice_bounds(x.shape, starts, ends, axes, steps)]
 
 
 def _expand_shape(in_shape, target):

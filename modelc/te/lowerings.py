@@ -364,10 +364,10 @@ def _params(wl, op, first: int) -> list:
 
 
 def _slice(b, op, wl):
-    from ..ops.shape import _slices
+    from ..ops.shape import slice_bounds
     x = b.value(op.args[0])
     try:
-        sl = _slices(x.shape, *_params(wl, op, 1))
+        sl = slice_bounds(x.shape, *_params(wl, op, 1))
     except ValueError as e:
         raise Unsupported(str(e)) from None
     out_shape = tuple(wl.spec(f"v{op.index}").shape)
@@ -396,7 +396,7 @@ def _concat(b, op, wl):
 
 
 def _pad(b, op, wl):
-    from ..ops.pad import _pad_widths
+    from ..ops.pad import pad_widths
     x = b.value(op.args[0])
     mode = op.attr("mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
@@ -404,7 +404,7 @@ def _pad(b, op, wl):
     if mode not in ("constant", "edge") or pads is None or not x.shape:
         raise Unsupported(f"Pad mode {mode}")
     try:
-        widths, out_shape = _pad_widths(x.shape, pads, axes)
+        widths, out_shape = pad_widths(x.shape, pads, axes)
     except ValueError as e:
         raise Unsupported(str(e)) from None
     fill = _c(0 if value is None or np.asarray(value).size == 0 else np.asarray(value).reshape(-1)[0].item(),
