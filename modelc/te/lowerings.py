@@ -407,6 +407,9 @@ def _pad(b, op, wl):
         widths, out_shape = pad_widths(x.shape, pads, axes)
     except ValueError as e:
         raise Unsupported(str(e)) from None
+    kept = [d + min(lo, 0) + min(hi, 0) for d, (lo, hi) in zip(x.shape, widths)]
+    if mode == "edge" and any(k <= 0 < n for k, n in zip(kept, out_shape)):
+        raise Unsupported("edge Pad of an axis cropped to nothing")     # no edge to repeat: the reference says so
     fill = _c(0 if value is None or np.asarray(value).size == 0 else np.asarray(value).reshape(-1)[0].item(),
               x.dtype) if x.dtype != "bool" else E.Const(bool(value is not None and np.asarray(value).any()), "bool")
 
