@@ -163,6 +163,8 @@ def _module_check(model, log, shape, n: int, verbose: int):
             bar.total = total
             bar.update(done - bar.n)
             bar.set_postfix_str(text)
+            if done == total:
+                bar.close()         # before the check's summary line
         try:
             module_check.check(model, log, shape=shape, n=n, progress=progress if bar is not None else None)
         finally:
