@@ -175,6 +175,11 @@ def cmd_records(args):
               f"{len(best)} workload x algorithm pairs")
         for (key, tpl), r in sorted(best.items(), key=lambda kv: kv[1].desc):
             print(f"  {r.desc[:60]:<62}{r.cost * 1e3:9.4f} ms  {tpl}  {r.config}")
+        checks = R.module_checks(R.load_records(args.log, warn=False, in_module=True), None, best)
+        if checks:
+            print(f"module check: {len(checks)} workloads run the config chosen in the module:")
+            for key, r in sorted(checks.items(), key=lambda kv: kv[1].desc):
+                print(f"  {r.desc[:60]:<62}{r.cost * 1e3:9.4f} ms  {r.template}  {r.config}  (in the module)")
 
 
 def cmd_compare(args):

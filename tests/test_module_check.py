@@ -90,3 +90,12 @@ def test_module_records_round_trip_and_a_bad_context_is_skipped(checked, tmp_pat
     R.distill(log, out)
     assert {r.key for r in R.load_records(out, in_module=True) if r.context == "module"} == \
         {r.key for r in R.load_records(log, in_module=True) if r.context == "module"}
+
+
+def test_records_show_lists_the_module_choices(checked, capsys):
+    from modelc.cli import main
+    _, log = checked
+    assert main(["records", "show", log]) == 0
+    out = capsys.readouterr().out
+    n = len({r.key for r in R.load_records(log, warn=False, in_module=True) if r.context == "module"})
+    assert "10 records" in out and f"module check: {n} workloads" in out and "(in the module)" in out
