@@ -187,7 +187,10 @@ CASES = {"conv_residual": (conv_residual, "te_conv2d", "conv2d"),
          "slice_f16": (slice_f16, "te_group", "te_group"),
          "concat_f16": (concat_f16, "te_group", "te_group"),
          "pad_constant_f16": (lambda: pad_f16("constant"), "te_group", "te_group"),
-         "pad_edge_f16": (lambda: pad_f16("edge"), "te_group", "te_group")}
+         "pad_edge_f16": (lambda: pad_f16("edge"), "te_group", "te_group"),
+         "fmod_f16": (lambda: _wl([_t((4, 6), "float16"), _t((6,), "float16")],
+                                  [{"op": "Mod", "attrs": {"fmod": 1}, "args": ["i0", "i1"]}],
+                                  _t((4, 6), "float16", value="v0")), "te_group", "te_group")}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -217,6 +220,18 @@ def test_declared_group_kernels_match_the_reference(case):
         assert (counts[interior] == 1).all() and (counts[~interior] == 0).all()
     else:
         assert (counts == 1).all()
+
+
+def test_integer_mod_declared_in_te_is_pythons():
+    """ONNX Mod of integers (fmod=0): the divisor's sign, as numpy's mod (the injective template's too)."""
+    wl = _wl([_t((4, 6), "int64"), _t((6,), "int64")], [{"op": "Mod", "attrs": {}, "args": ["i0", "i1"]}],
+             _t((4, 6), "int64", value="v0"))
+    tpl = get("te_group")
+    x = np.arange(-12, 12, dtype=np.int64).reshape(4, 6)
+    y = np.array([5, -5, 3, -3, 7, 1], np.int64)
+    got, want, _, _ = testing.run(wl, tpl, tpl.default_config(wl, tpl.space(wl)), inputs=[x, y])
+    np.testing.assert_array_equal(got[0], np.mod(x, y))
+    np.testing.assert_array_equal(want[0], np.mod(x, y))
 
 
 def test_blocked_conv_reads_the_halo_without_guards_and_weights_are_packed():

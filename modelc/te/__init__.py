@@ -14,7 +14,7 @@ from .tensor import Tensor, compute, placeholder, reduce_axis, reduction
 
 __all__ = ["ComputeDAG", "DeclarationError", "Expr", "Tensor", "Var", "placeholder", "compute", "reduce_axis",
            "sum", "max", "min", "if_then_else", "exp", "log", "sqrt", "tanh", "erf", "sigmoid", "abs",
-           "cast", "const", "all", "any", "call"]
+           "fmod", "cast", "const", "all", "any", "call"]
 
 
 def sum(expr, axis):               # noqa: A001  (TVM's name)
@@ -63,6 +63,11 @@ def sigmoid(x):
 
 def abs(x):                        # noqa: A001
     return call("abs", x)
+
+
+def fmod(x, y):
+    """C's remainder of floats (the dividend's sign), as TVM's te.fmod and ONNX's Mod with fmod=1."""
+    return call("fmod", x, y)
 
 
 def const(value, dtype="float32"):

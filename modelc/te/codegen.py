@@ -126,6 +126,8 @@ def _call(e: Call, a: list) -> str:
         return f"fast_sigmoid32({a[0]})" if f32 else f"({lit(1, dt)} / ({lit(1, dt)} + math.exp(-{a[0]})))"
     if e.fn == "abs":
         return f"abs({a[0]})"
+    if e.fn == "fmod":              # numba has no math.fmod; the helper is compiled without fast-math
+        return f"fmod_exact({a[0]}, {a[1]})"
     return f"math.{e.fn}({a[0]})"
 
 

@@ -22,7 +22,7 @@ _BIN = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide, "/
 _erf = np.frompyfunc(math.erf, 1, 1)
 _FN = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.abs,
        "erf": lambda x: _erf(x).astype(np.asarray(x).dtype),
-       "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "max": np.maximum, "min": np.minimum}
+       "sigmoid": lambda x: 1 / (1 + np.exp(-x)), "max": np.maximum, "min": np.minimum, "fmod": np.fmod}
 _REDUCE = {"sum": np.sum, "max": np.max, "min": np.min}
 
 

@@ -15,7 +15,7 @@ INDEX = "int64"                      # the dtype of iteration variables and inde
 ARITH = ("+", "-", "*", "/", "//", "%")
 CMP = ("<", "<=", ">", ">=", "==", "!=")
 LOGIC = ("&&", "||")
-FUNCS = {"exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "erf": 1, "sigmoid": 1, "abs": 1, "max": 2, "min": 2}
+FUNCS = {"exp": 1, "log": 1, "sqrt": 1, "tanh": 1, "erf": 1, "sigmoid": 1, "abs": 1, "max": 2, "min": 2, "fmod": 2}
 
 
 class DeclarationError(ModelcError):

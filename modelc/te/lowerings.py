@@ -143,6 +143,15 @@ def _variadic(fn_name):
     return fn
 
 
+def _mod(op, a, dt):
+    """ONNX Mod: fmod=1 is C's remainder (floats, te.fmod); fmod=0 of integers is Python's `%`."""
+    fmod = int(op.attr("fmod", 0))
+    if any(x is None or isinstance(x, str) for x in a):
+        return len(a) == 2 and a[0] == a[1] and a[0] is not None and (
+            (fmod == 1 and _is_float(a[0])) or (fmod == 0 and np.dtype(a[0]).kind in "iu"))
+    return E.call("fmod", a[0], a[1]) if fmod else a[0] % a[1]
+
+
 def _is_inf(op, x):
     pos, neg = x == _c(np.inf, x.dtype), x == _c(-np.inf, x.dtype)
     on = [c for c, k in ((pos, "detect_positive"), (neg, "detect_negative")) if op.attr(k, 1)]
@@ -182,6 +191,7 @@ _ELEMENTWISE = {
         op.attr("alpha", 1.0), dt) * (E.call("exp", x / _c(op.attr("alpha", 1.0), dt)) - _c(1, dt)))),
     "IsNaN": _unary(lambda op, x, dt: x != x),
     "IsInf": _unary(lambda op, x, dt: _is_inf(op, x)),
+    "Mod": _mod,
     "Add": _binary(lambda a, dt: a[0] + a[1]),
     "Sub": _binary(lambda a, dt: a[0] - a[1]),
     "Mul": _binary(lambda a, dt: a[0] * a[1]),
