@@ -61,7 +61,8 @@ def main(argv=None):
     times = alternating_timings({k: (lambda r: (lambda: r(feeds)))(r) for k, r in runs.items()}, args.rounds)
     ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     kernels = kernel_sums(mods, feeds)
-    moved = sum(1 for r in recs if (r.template, r.config) != _isolated(args.log, r.key))
+    best = R.best_by_key(R.load_records(args.log, warn=False), R.current_target())
+    moved = sum(1 for r in recs if (r.template, r.config) != _isolated(best, r.key))
     print(f"CPU: {current_target().describe()}; {args.threads} threads; {args.model}, log {args.log}")
     print(f"module check: {len(recs)} workloads, {moved} moved off their isolated best, {secs:.0f} s")
     print("| runtime | median ms | / onnxruntime | / untuned | kernels in the module, ms |")
@@ -84,10 +85,10 @@ def kernel_sums(mods: dict, feeds: dict, rounds: int = 10, repeat: int = 5) -> d
     return {k: sum(statistics.median(ts) for ts in v) for k, v in samples.items()}
 
 
-def _isolated(log: str, key: str):
-    best = [r for (k, _), r in R.best_by_key(R.load_records(log, warn=False), R.current_target()).items()
-            if k == key]
-    r = min(best, key=lambda r: r.cost) if best else None
+def _isolated(best: dict, key: str):
+    """(template, config) of a workload's fastest kernel record over its algorithms."""
+    rs = [r for (k, _), r in best.items() if k == key]
+    r = min(rs, key=lambda r: r.cost) if rs else None
     return (r.template, r.config) if r else None
 
 

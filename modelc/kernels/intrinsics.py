@@ -69,40 +69,28 @@ def float_bits(typingctx, x):
 # converts half (x86 F16C, on every AVX2 CPU; AArch64), vectorised like any other, and fptrunc rounds
 # to nearest even as numpy's astype(float16) does. Target.converts_half says where they are safe.
 
-@intrinsic
-def h2f(typingctx, bits):
-    """The float32 value of the float16 whose bits are the uint16 `bits`."""
-    if bits != types.uint16:
-        return None
+def _half(arg, ret, convert, doc: str):
+    """An intrinsic f(x) of one numba type `arg` to `ret`, lowered by convert(builder, x)."""
+    @intrinsic
+    def fn(typingctx, x):
+        if x != arg:
+            return None
 
-    def codegen(context, builder, sig, args):
-        return builder.fpext(builder.bitcast(args[0], llir.HalfType()), llir.FloatType())
+        def codegen(context, builder, sig, args):
+            return convert(builder, args[0])
 
-    return types.float32(types.uint16), codegen
-
-
-@intrinsic
-def f2h(typingctx, x):
-    """The bits (uint16) of float32 `x` rounded to float16."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(builder.fptrunc(args[0], llir.HalfType()), llir.IntType(16))
-
-    return types.uint16(types.float32), codegen
+        return ret(arg), codegen
+    fn.__doc__ = doc
+    return fn
 
 
-@intrinsic
-def r16(typingctx, x):
-    """float32 `x` rounded to the nearest float16 value (an op's float16 result, kept in float32)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.fpext(builder.fptrunc(args[0], llir.HalfType()), llir.FloatType())
-
-    return types.float32(types.float32), codegen
+_HALF = llir.HalfType()
+h2f = _half(types.uint16, types.float32, lambda b, x: b.fpext(b.bitcast(x, _HALF), llir.FloatType()),
+            "The float32 value of the float16 whose bits are the uint16 `x`.")
+f2h = _half(types.float32, types.uint16, lambda b, x: b.bitcast(b.fptrunc(x, _HALF), llir.IntType(16)),
+            "The bits (uint16) of float32 `x` rounded to float16.")
+r16 = _half(types.float32, types.float32, lambda b, x: b.fpext(b.fptrunc(x, _HALF), llir.FloatType()),
+            "float32 `x` rounded to the nearest float16 value (an op's float16 result, kept in float32).")
 
 
 def _minmax(name: str, nan: bool = False):

@@ -88,11 +88,12 @@ def select(wl: Workload) -> Template:
     """The first registered template that handles `wl` (the fallback matches everything). A
     workload with float16 goes to its te declaration when the CPU converts half, and with another
     dtype no kernel takes, to the fallback."""
-    if unsupported_dtype(wl) is not None:
+    odd = set(_dtypes(wl)) - KERNEL_DTYPES
+    if odd:
         from .. import target
-        half = set(_dtypes(wl)) - KERNEL_DTYPES == {"float16"} and target.current().converts_half
-        te = get("te_group") if half else None
-        return te if te is not None and te.matches(wl) else get("reference")
+        if odd == {"float16"} and target.current().converts_half and get("te_group").matches(wl):
+            return get("te_group")
+        return get("reference")
     for t in sorted(TEMPLATES, key=lambda t: t.priority):
         if t.alternative_to is None and t.matches(wl):
             return t

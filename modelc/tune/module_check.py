@@ -50,7 +50,7 @@ def candidates(program: dict, records: list, target: dict, n: int) -> dict:
     among them; keys with one candidate are left out."""
     by_key: dict = {}
     for r in records:
-        if r.error == R.NO_ERROR and r.context == "kernel" and R.same_target(r.target, target):
+        if r.error == R.NO_ERROR and R.same_target(r.target, target):     # (kernel records only)
             by_key.setdefault(r.key, []).append(r)
     out = {}
     for step in program["steps"]:
@@ -106,8 +106,8 @@ def check(model, log: str, shape: dict | None = None, n: int = 2, rounds: int = 
             dispatch.pop(ctx)
         if progress:
             progress(j + 1, width + rounds, f"built {j + 1}/{width} variants of the module")
-    timed = {mods[0].program["steps"][i]["key"] for i in mods[0]._step_index}
-    cands = {k: c for k, c in cands.items() if k in timed}      # a view runs no kernel
+    keys = [program["steps"][i]["key"] for i in mods[0]._step_index]   # of each kernel run, alike in every variant
+    cands = {k: c for k, c in cands.items() if k in keys}       # a view runs no kernel
     if not cands:
         return []
     rng = np.random.default_rng(0)
@@ -118,12 +118,10 @@ def check(model, log: str, shape: dict | None = None, n: int = 2, rounds: int = 
         m.run(feeds)
     for r in range(rounds):
         for j in np.roll(np.arange(width), r):  # alternate, each variant first in turn
-            m = mods[j]
-            steps = [m.program["steps"][i]["key"] for i in m._step_index]
-            times = m.stamped_runs(repeat)
+            times = mods[j].stamped_runs(repeat)
             for run in range(repeat):
                 per = {}
-                for key, ts in zip(steps, times):
+                for key, ts in zip(keys, times):
                     if key in cands:
                         per[key] = per.get(key, 0.0) + ts[run]
                 for key, ms in per.items():
