@@ -128,3 +128,45 @@ def test_float16_tasks_tune_without_failed_measurements(tmp_path, caplog):
     assert any(r.desc.startswith("reshape") for r in recs)
     checked = module_check.check(graph, log)
     assert checked and not any(r.desc.startswith("reshape") for r in checked)
+
+
+def _attention16(rng):
+    """A float16 attention block as exporters write it (an -inf causal mask through CastLike, a
+    Softmax on the last axis), a LogSoftmax over heads (columns) and a reflect Pad."""
+    B, H, S, D = 2, 4, 12, 16
+    f16 = lambda a: numpy_helper.from_array(a.astype(np.float16))      # noqa: E731
+    causal = np.triu(np.ones((S, S), bool), 1)
+    inits = [numpy_helper.from_array(causal, "causal"), numpy_helper.from_array(np.array([-np.inf], np.float32), "ninf"),
+             f16(np.array(D ** -0.5)), numpy_helper.from_array(np.array([0, 0, 1, 0, 0, 0, 2, 0], np.int64), "pads")]
+    inits[2].name = "scale"
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+             helper.make_node("Mul", ["qk", "scale"], ["s"]),
+             helper.make_node("CastLike", ["ninf", "q"], ["fill"]),
+             helper.make_node("Where", ["causal", "fill", "s"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["o"]),
+             helper.make_node("LogSoftmax", ["o"], ["lo"], axis=1),
+             helper.make_node("Pad", ["lo", "pads"], ["y"], mode="reflect")]
+    io = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT16, s)    # noqa: E731
+    g = helper.make_graph(nodes, "attn16", [io(n, (B, H, S, D)) for n in "qkv"], [io("y", (B, H, S + 3, D))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_float16_attention_softmax_and_reflect_pad_run_kernels():
+    """float16 Softmax/LogSoftmax on the softmax template (rows and columns), the -inf fill folded,
+    a reflect Pad declared in te: no group on the numpy fallback, onnxruntime's answer to float16's
+    precision."""
+    m = _attention16(np.random.default_rng(0))
+    mod = modelc.compile(m)
+    assert not mod.fallbacks
+    templates = {s["template"] for s in mod.profile(1)}
+    assert "softmax" in templates and "reference" not in templates, templates
+    sess = ort.InferenceSession(m.SerializeToString())
+    for seed in range(2):
+        rng = np.random.default_rng(seed)
+        feeds = {n: (rng.standard_normal((2, 4, 12, 16)) * 2).astype(np.float16) for n in "qkv"}
+        got, want = mod.run(feeds)["y"], sess.run(None, feeds)[0]
+        assert got.dtype == np.float16 and got.shape == want.shape
+        err = np.abs(got.astype(np.float32) - want.astype(np.float32)).max() / np.abs(want.astype(np.float32)).max()
+        assert err < 4e-3, err

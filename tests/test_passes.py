@@ -60,6 +60,21 @@ def test_shape_chain_folds_to_a_constant_reshape():
     assert opt.value(opt.topo()[0].inputs[1]).tolist() == [2, 12]
 
 
+def test_castlike_of_a_constant_folds_whatever_its_dtype_operand():
+    """CastLike's second operand gives only a dtype: the -inf fill of an attention mask folds."""
+    nodes = [helper.make_node("CastLike", ["ninf", "x"], ["fill"]),
+             helper.make_node("Where", ["mask", "fill", "x"], ["y"])]
+    inits = [_const("ninf", np.array([-np.inf], np.float32)), _const("mask", np.array([True, False, True]))]
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", [2, 3], TensorProto.FLOAT16)],
+                                    [_vi("y", [2, 3], TensorProto.FLOAT16)], inits))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert [n.op_type for n in opt.topo()] == ["Where"]
+    fill = opt.value(opt.topo()[0].inputs[1])
+    assert fill.dtype == np.float16 and fill.tolist() == [-np.inf]
+    x = np.arange(6, dtype=np.float16).reshape(2, 3)
+    np.testing.assert_array_equal(reference.run(opt, {"x": x})["y"], np.where([True, False, True], -np.inf, x))
+
+
 def _conv_bn_model():
     rng = np.random.default_rng(1)
     inits = [_const("w", rng.standard_normal((8, 3, 3, 3)).astype(np.float32)),

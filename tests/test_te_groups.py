@@ -150,12 +150,14 @@ def concat_f16():
                _t((2, 8, 5), "float16", value="v1"))
 
 
-def pad_f16(mode):
-    params = _ints(p0=[0, 2, -1, 0, 1, 3])
+def pad_f16(mode, pads=(0, 2, -1, 0, 1, 3)):
+    """Pads and crops on one axis, both sides; wrap's pad of 3 on the cropped axis of 3 wraps twice."""
+    params = _ints(p0=pads)
     params["p1"] = {"dtype": "float16", "shape": [], "value": 1.5}
+    out = tuple(d + lo + hi for d, lo, hi in zip((3, 5, 4), pads[:3], pads[3:]))
     return _wl([_t((3, 5, 4), "float16")],
                [{"op": "Pad", "attrs": {"mode": mode}, "args": ["i0", "p0", "p1"]}],
-               _t((3, 8, 6), "float16", value="v0"), params)
+               _t(out, "float16", value="v0"), params)
 
 
 # case: (workload, the te template that builds it, the template `compile` picks by default)
@@ -188,9 +190,15 @@ CASES = {"conv_residual": (conv_residual, "te_conv2d", "conv2d"),
          "concat_f16": (concat_f16, "te_group", "te_group"),
          "pad_constant_f16": (lambda: pad_f16("constant"), "te_group", "te_group"),
          "pad_edge_f16": (lambda: pad_f16("edge"), "te_group", "te_group"),
+         "pad_reflect_f16": (lambda: pad_f16("reflect", (0, 2, -1, 0, 1, 2)), "te_group", "te_group"),
+         "pad_reflect_crop_f16": (lambda: pad_f16("reflect", (1, -2, 2, 0, 2, -1)), "te_group", "te_group"),
+         "pad_wrap_f16": (lambda: pad_f16("wrap"), "te_group", "te_group"),
          "fmod_f16": (lambda: _wl([_t((4, 6), "float16"), _t((6,), "float16")],
                                   [{"op": "Mod", "attrs": {"fmod": 1}, "args": ["i0", "i1"]}],
-                                  _t((4, 6), "float16", value="v0")), "te_group", "te_group")}
+                                  _t((4, 6), "float16", value="v0")), "te_group", "te_group"),
+         "mod_divisor_sign_f16": (lambda: _wl([_t((4, 6), "float16"), _t((6,), "float16")],
+                                              [{"op": "Mod", "attrs": {"fmod": 0}, "args": ["i0", "i1"]}],
+                                              _t((4, 6), "float16", value="v0")), "te_group", "te_group")}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

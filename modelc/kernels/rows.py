@@ -167,10 +167,12 @@ def store(wl: Workload, ind: str, value: str, flat: str, idx: list | None = None
     return [ind + ln for ln in lines + [f"out0[np.uintp({flat})] = {final}"]]
 
 
-def plain_float(wl: Workload, ref: str) -> bool:
-    """`ref` and the output are plain float32 or float64 tensors of one dtype."""
+def plain_float(wl: Workload, ref: str, half: bool = False) -> bool:
+    """`ref` and the output are plain float32 or float64 tensors of one dtype (or float16, with
+    `half`, and no epilogue: the epilogues' code is float32/64)."""
     t = wl.spec(ref)
-    return t.layout is None and t.dtype in (np.float32, np.float64) and \
+    floats = (np.float32, np.float64, np.float16) if half and not wl.epilogue else (np.float32, np.float64)
+    return t.layout is None and t.dtype in floats and \
         wl.outputs[0].layout is None and wl.outputs[0].dtype == t.dtype
 
 

@@ -40,6 +40,7 @@ class Template:
     priority = 0          # lower is tried first; generic templates set it higher
     alternative_to = None  # another template's name: this one is a second algorithm for its
                            # workloads, never the default, chosen only by a faster tuning record
+    takes_half = False     # also builds float16 workloads (loads h2f, computes float32, stores f2h)
 
     def matches(self, wl: Workload) -> bool:
         raise NotImplementedError
@@ -63,8 +64,9 @@ def register(cls):
 
 
 # dtypes the hand-written templates take (numba types); the numpy fallback also runs FALLBACK_DTYPES.
-# float16 groups are te kernels (te_group) that load and store its bits and compute in float32
-# (intrinsics.h2f), where the CPU converts half; elsewhere, and with any other dtype, the fallback.
+# float16 groups are kernels that load and store its bits and compute in float32 (intrinsics.h2f),
+# where the CPU converts half: a template that says it `takes_half`, else their te declaration
+# (te_group); elsewhere, and with any other dtype, the fallback.
 KERNEL_DTYPES = frozenset(_NB) - {"float16"}
 FALLBACK_DTYPES = frozenset({"float16"})
 
@@ -86,13 +88,17 @@ def unsupported_dtype(wl: Workload) -> str | None:
 
 def select(wl: Workload) -> Template:
     """The first registered template that handles `wl` (the fallback matches everything). A
-    workload with float16 goes to its te declaration when the CPU converts half, and with another
-    dtype no kernel takes, to the fallback."""
+    workload with float16 goes to a template that takes half, or its te declaration, when the CPU
+    converts half, and with another dtype no kernel takes, to the fallback."""
     odd = set(_dtypes(wl)) - KERNEL_DTYPES
     if odd:
         from .. import target
-        if odd == {"float16"} and target.current().converts_half and get("te_group").matches(wl):
-            return get("te_group")
+        if odd == {"float16"} and target.current().converts_half:
+            for t in sorted(TEMPLATES, key=lambda t: t.priority):
+                if t.takes_half and t.alternative_to is None and t.matches(wl):
+                    return t
+            if get("te_group").matches(wl):
+                return get("te_group")
         return get("reference")
     for t in sorted(TEMPLATES, key=lambda t: t.priority):
         if t.alternative_to is None and t.matches(wl):

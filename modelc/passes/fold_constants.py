@@ -1,9 +1,11 @@
 """Evaluate every node whose inputs are all known at compile time.
 
 Besides constants this covers Shape and Size, whose values follow from static shapes, so the
-Shape -> Gather -> Unsqueeze -> Concat -> Reshape chains that exporters emit collapse to one constant.
+Shape -> Gather -> Unsqueeze -> Concat -> Reshape chains that exporters emit collapse to one constant;
+and CastLike of a constant, whose second operand gives only its dtype (an attention's -inf mask fill).
 An empty output (a zero-size dimension, as a batch of 0) is a constant too, whatever the inputs:
-no kernel is generated for it (templates tile at least one item).
+no kernel is generated for it (templates tile at least one item); and so is any output of empty
+inputs, which hold no value (a ReduceMax over an empty axis is its identity).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy as np
 from .. import ops
 from ..ir import Graph
 
-_SHAPE_ONLY = {"Shape", "Size"}
+_META_ONLY = {"Shape": 0, "Size": 0, "CastLike": 1}     # the operand of which only shape and dtype count
 
 
 def _empty(graph: Graph, node) -> bool:
@@ -29,13 +31,16 @@ def fold_constants(graph: Graph) -> Graph:
                     t = graph.tensors[name]
                     graph.add_tensor(name, value=np.zeros(t.shape, t.dtype))
             continue
-        if node.op_type in _SHAPE_ONLY:
-            x = graph.tensors[node.inputs[0]]
-            args = [np.zeros(x.shape, x.dtype)] if x.value is None else [x.value]
-        elif all(not i or graph.value(i) is not None for i in node.inputs) and node.subgraph is None:
-            args = [graph.value(i) if i else None for i in node.inputs]
-        else:
+        meta = _META_ONLY.get(node.op_type)
+
+        def known(k, i):
+            shape = graph.tensors[i].shape if i else None
+            return not i or graph.value(i) is not None or (shape is not None and (k == meta or 0 in shape))
+        if node.subgraph is not None or not all(known(k, i) for k, i in enumerate(node.inputs)):
             continue
+        args = [None if not i else graph.value(i) if graph.value(i) is not None else
+                np.broadcast_to(np.zeros((), graph.tensors[i].dtype), graph.tensors[i].shape)   # shape, dtype only
+                for i in node.inputs]
         values = ops.evaluate(node, args)
         graph.remove_node(node.name, drop_outputs=False)
         for name, v in zip(node.outputs, values):

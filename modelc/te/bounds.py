@@ -37,6 +37,11 @@ def _interval(e, ranges, known):
             return None
         f = max if e.fn == "max" else min
         return (f(a[0], b[0]), f(a[1], b[1]))
+    if isinstance(e, Call) and e.fn == "abs":           # a reflect Pad's index folding
+        a = interval(e.operands[0], ranges, known)
+        if a is None:
+            return None
+        return a if a[0] >= 0 else (-a[1], -a[0]) if a[1] <= 0 else (0, max(-a[0], a[1]))
     if not isinstance(e, Binary) or e.op not in ("+", "-", "*", "//", "%"):
         return None
     a, b = interval(e.a, ranges, known), interval(e.b, ranges, known)

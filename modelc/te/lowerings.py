@@ -144,12 +144,21 @@ def _variadic(fn_name):
 
 
 def _mod(op, a, dt):
-    """ONNX Mod: fmod=1 is C's remainder (floats, te.fmod); fmod=0 of integers is Python's `%`."""
+    """ONNX Mod: fmod=1 is C's remainder (floats, te.fmod); fmod=0 is Python's `%` (the divisor's
+    sign): of floats, the remainder plus the divisor where their signs differ, as numpy's mod."""
     fmod = int(op.attr("fmod", 0))
     if any(x is None or isinstance(x, str) for x in a):
         return len(a) == 2 and a[0] == a[1] and a[0] is not None and (
-            (fmod == 1 and _is_float(a[0])) or (fmod == 0 and np.dtype(a[0]).kind in "iu"))
-    return E.call("fmod", a[0], a[1]) if fmod else a[0] % a[1]
+            _is_float(a[0]) or (fmod == 0 and np.dtype(a[0]).kind in "iu"))
+    if not _is_float(a[0].dtype):
+        return a[0] % a[1]
+    r = E.call("fmod", a[0], a[1])
+    if fmod:
+        return r
+    zero = _c(0, a[0].dtype)
+    signed_zero = E.if_then_else(a[1] < zero, _c(-0.0, a[0].dtype), zero)     # a zero takes the divisor's sign
+    return E.if_then_else(r == zero, signed_zero, E.if_then_else(
+        ((r < zero) & (a[1] > zero)) | ((r > zero) & (a[1] < zero)), r + a[1], r))
 
 
 def _is_inf(op, x):
@@ -406,28 +415,45 @@ def _concat(b, op, wl):
 
 
 def _pad(b, op, wl):
+    """Negative pads crop first; reflect and wrap then index into the cropped extent (ops/pad.py)."""
     from ..ops.pad import pad_widths
     x = b.value(op.args[0])
     mode = op.attr("mode", "constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
     pads, value, axes = (_params(wl, op, 1) + [None, None])[:3]
-    if mode not in ("constant", "edge") or pads is None or not x.shape:
+    if mode not in ("constant", "edge", "reflect", "wrap") or pads is None or not x.shape:
         raise Unsupported(f"Pad mode {mode}")
     try:
         widths, out_shape = pad_widths(x.shape, pads, axes)
     except ValueError as e:
         raise Unsupported(str(e)) from None
     kept = [d + min(lo, 0) + min(hi, 0) for d, (lo, hi) in zip(x.shape, widths)]
-    if mode == "edge" and any(k <= 0 < n for k, n in zip(kept, out_shape)):
-        raise Unsupported("edge Pad of an axis cropped to nothing")     # no edge to repeat: the reference says so
+    if mode != "constant" and any(k <= 0 < n for k, n in zip(kept, out_shape)):
+        raise Unsupported(f"{mode} Pad of an axis cropped to nothing")    # nothing to repeat: the reference says so
+    if mode == "reflect" and any(max(lo, hi) > k - 1 and k > 1 for k, (lo, hi) in zip(kept, widths)):
+        raise Unsupported("reflect Pad wider than its axis")     # reflected more than once
     fill = _c(0 if value is None or np.asarray(value).size == 0 else np.asarray(value).reshape(-1)[0].item(),
               x.dtype) if x.dtype != "bool" else E.Const(bool(value is not None and np.asarray(value).any()), "bool")
 
+    def fold(j, n, lo, hi):
+        """Index j of the padded axis (j - lo in the cropped extent of n) into that extent."""
+        k = flat(j) - max(lo, 0) if lo > 0 else flat(j)
+        i = lambda v: E.Const(v, E.INDEX)     # noqa: E731
+        if n == 1:
+            k = i(0)
+        elif mode == "edge":
+            k = E.call("min", E.call("max", k, i(0)), i(n - 1))
+        elif mode == "reflect":
+            k = i(n - 1) - E.call("abs", i(n - 1) - E.call("abs", k))
+        else:                                  # wrap: k >= -lo, made non-negative before the modulo
+            k = (k + i(n * -(-lo // n))) % n if lo > 0 else k % n
+        return k + max(-lo, 0) if lo < 0 else k
+
     def at(idx):
+        if mode != "constant":
+            return x.at([fold(j, k, lo, hi) if lo > 0 or hi > 0 else (flat(j) - lo if lo else j)
+                         for j, k, (lo, hi) in zip(idx, kept, widths)])
         src = [flat(i) - lo if lo else flat(i) for i, (lo, _) in zip(idx, widths)]
-        if mode == "edge":
-            return x.at([E.call("min", E.call("max", j, E.Const(0, E.INDEX)), E.Const(d - 1, E.INDEX))
-                         if lo or hi else j for j, d, (lo, hi) in zip(src, x.shape, widths)])
         inside = [(j >= 0) & (j < d) for j, d, (lo, hi) in zip(src, x.shape, widths) if lo > 0 or hi > 0]
         v = x.at(src)
         if not inside:
