@@ -444,7 +444,8 @@ def summarize(results: list[CaseResult], out=sys.stdout, verbose: bool = False, 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m modelc.conformance", description=__doc__)
     p.add_argument("-k", "--pattern", help="only cases whose name contains this")
-    p.add_argument("-v", "--verbose", action="store_true", help="list every case not run (and, with --compile, every case on the fallback)")
+    p.add_argument("-v", "--verbose", action="store_true", help="list every case not run (with --compile, "
+                   "every case on the fallback too)")
     p.add_argument("--compile", action="store_true",
                    help="run the cases through modelc.compile (generated kernels) instead, each "
                         "checked against its expected outputs, in isolated worker processes")

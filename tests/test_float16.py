@@ -136,7 +136,8 @@ def _attention16(rng):
     B, H, S, D = 2, 4, 12, 16
     f16 = lambda a: numpy_helper.from_array(a.astype(np.float16))      # noqa: E731
     causal = np.triu(np.ones((S, S), bool), 1)
-    inits = [numpy_helper.from_array(causal, "causal"), numpy_helper.from_array(np.array([-np.inf], np.float32), "ninf"),
+    inits = [numpy_helper.from_array(causal, "causal"),
+             numpy_helper.from_array(np.array([-np.inf], np.float32), "ninf"),
              f16(np.array(D ** -0.5)), numpy_helper.from_array(np.array([0, 0, 1, 0, 0, 0, 2, 0], np.int64), "pads")]
     inits[2].name = "scale"
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),

@@ -68,6 +68,29 @@ def depthwise():
                _t((1, 16, 5, 5), layout=(8, 0), value="v1"))
 
 
+def conv_grouped():
+    """groups=2 of 4 input channels each, blocked output: the output channel picks its group's inputs."""
+    return _wl([_t((1, 8, 6, 6)), _t((16, 4, 3, 3), const=True)],
+               [{"op": "Conv", "attrs": _conv_attrs(3, group=2), "args": ["i0", "i1"]}],
+               _t((1, 16, 4, 4), layout=(8, 0), value="v0"))
+
+
+def conv1d_weights_f16():
+    """A causal depthwise 1-d conv whose weights are an input (a state-space block's), float16."""
+    return _wl([_t((2, 4, 11), "float16"), _t((4, 1, 4), "float16")],
+               [{"op": "Conv", "attrs": {"group": 4, "kernel_shape": [4], "dilations": [1], "pads": [0, 0],
+                                         "strides": [1]}, "args": ["i0", "i1"]}],
+               _t((2, 4, 8), "float16", value="v0"))
+
+
+def conv3d_f16():
+    return _wl([_t((1, 3, 5, 6, 7), "float16"), _t((4, 3, 2, 3, 3), "float16", const=True),
+                _t((4,), "float16", const=True)],
+               [{"op": "Conv", "attrs": {"kernel_shape": [2, 3, 3], "dilations": [1, 2, 1], "pads": [0, 1, 1, 1, 0, 1],
+                                         "strides": [2, 1, 2]}, "args": ["i0", "i1", "i2"]}],
+               _t((1, 4, 3, 3, 4), "float16", value="v0"))
+
+
 def dense_gelu():
     return _wl([_t((3, 5, 24)), _t((24, 20), const=True), _t((20,), const=True)],
                [{"op": "Dense", "attrs": {}, "args": ["i0", "i1", "i2"]}, {"op": "Gelu", "attrs": {}, "args": ["v0"]}],
@@ -164,6 +187,9 @@ def pad_f16(mode, pads=(0, 2, -1, 0, 1, 3)):
 CASES = {"conv_residual": (conv_residual, "te_conv2d", "conv2d"),
          "conv_guarded": (conv_guarded, "te_conv", "conv_generic"),
          "conv_plain": (conv_plain, "te_conv", "conv_generic"),
+         "conv_grouped": (conv_grouped, "te_conv", "conv_generic"),
+         "conv1d_weights_f16": (conv1d_weights_f16, "te_group", "te_group"),
+         "conv3d_f16": (conv3d_f16, "te_group", "te_group"),
          "depthwise": (depthwise, "te_depthwise", "depthwise_conv2d"),
          "dense_gelu": (dense_gelu, "te_dense", "dense"),
          "matmul_where_f64": (matmul_where_f64, "te_group", "te_group"),
@@ -254,9 +280,10 @@ def test_blocked_conv_reads_the_halo_without_guards_and_weights_are_packed():
 
 
 @pytest.mark.parametrize("wl, why", [
-    (_wl([_t((1, 8, 6, 6)), _t((8, 4, 3, 3), const=True)],
-         [{"op": "Conv", "attrs": _conv_attrs(3, group=2), "args": ["i0", "i1"]}], _t((1, 8, 4, 4), value="v0")),
-     "grouped conv"),
+    (_wl([_t((1, 8, 6, 6)), _t((8, 8, 3, 3), const=True)],
+         [{"op": "Conv", "attrs": {**_conv_attrs(3), "auto_pad": "SAME_UPPER"}, "args": ["i0", "i1"]}],
+         _t((1, 8, 6, 6), value="v0")),
+     "auto_pad (the importer resolves it to pads)"),
     (_wl([_t((4, 6))], [{"op": "Softmax", "attrs": {"axis": -1}, "args": ["i0"]}], _t((4, 6), value="v0")),
      "an op not declared"),
     (_wl([_t((4, 6))], [{"op": "ReduceMax", "attrs": {}, "args": ["i0", "p0"]},

@@ -14,91 +14,95 @@ from .tensor import compute, reduce_axis, reduction
 
 
 def _conv(b, op, wl):
-    """2-d convolution (groups 1, or depthwise), bias, any stride, dilation and padding; a
+    """Convolution of any spatial rank (1-d, 2-d, 3-d), any groups, stride, dilation and padding,
+    bias; constant weights are re-laid out for a blocked output, others read where they are. A
     ScaledConv reads its input times a per-channel gate s[N, C, 1, 1]."""
-    if len(op.args) < 2 or op.attr("auto_pad", "NOTSET") not in ("NOTSET", b""):
+    if len(op.args) < 2 or op.attr("auto_pad", "NOTSET") not in ("NOTSET", b"", ""):
         raise Unsupported("Conv form")
     x = b.value(op.args[0])
+    nd = len(x.shape) - 2
     gate = b.value(op.args[3]) if op.op == "ScaledConv" and len(op.args) > 3 else None
     if op.op == "ScaledConv" and (gate is None or gate.shape != (x.shape[0], x.shape[1], 1, 1)
                                   or gate.dtype != x.dtype):
         raise Unsupported("ScaledConv gate")
-    wk = b.const_input(op.args[1])
-    w = wl.inputs[wk]
-    if len(x.shape) != 4 or len(w.shape) != 4 or not _is_float(x.dtype) or np.dtype(w.dtype).name != x.dtype:
+    w = wl.spec(op.args[1])
+    if nd < 1 or len(w.shape) != nd + 2 or not _is_float(x.dtype) or np.dtype(w.dtype).name != x.dtype:
         raise Unsupported("Conv rank or dtype")
-    n, C, H, W = x.shape
-    K, Cg, KH, KW = w.shape
+    n, C, *size = x.shape
+    K, Cg, *ks = w.shape
     G = int(op.attr("group", 1))
-    sy, sx = op.attr("strides", [1, 1])
-    dy, dx = op.attr("dilations", [1, 1])
-    pt, pl, pb, pr = op.attr("pads", [0, 0, 0, 0])
-    depthwise = G > 1 and Cg == 1 and K == C == G
-    if not (G == 1 or depthwise):
-        raise Unsupported("grouped Conv")
+    strides = list(op.attr("strides", [1] * nd))
+    dil = list(op.attr("dilations", [1] * nd))
+    pads = list(op.attr("pads", [0] * 2 * nd))
+    if G < 1 or C != G * Cg or K % G or len(strides) != nd or len(dil) != nd or len(pads) != 2 * nd:
+        raise Unsupported("Conv attributes")
+    depthwise = G > 1 and Cg == 1 and K == C
+    Kg = K // G
     out_shape = tuple(wl.spec(f"v{op.index}").shape)
-    OH, OW = out_shape[2:]
-    blk = b.blocked_anchor(out_shape)
+    blk = b.blocked_anchor(out_shape) if nd == 2 else None
     xin = wl.inputs[int(op.args[0][1:])] if op.args[0].startswith("i") else None
-    halo = xin.layout[1] if xin is not None and xin.layout else 0
-    guard = halo < max(pt, pb, pl, pr)
-    bi = xin.layout[0] if xin is not None and xin.layout and not depthwise else 1
+    halo = xin.layout[1] if nd == 2 and xin is not None and xin.layout else 0
+    guard = halo < max(pads)
+    bi = xin.layout[0] if nd == 2 and G == 1 and xin is not None and xin.layout else 1
 
-    def tap(nn, ci, y, xx, ky, kx):
-        iy, ix = y * sy + ky * dy - pt, xx * sx + kx * dx - pl
-        v = x.at([nn, ci, iy, ix])
+    def tap(nn, ci, outs, kk):
+        pos = [o * s + k * d - p for o, k, s, d, p in zip(outs, kk, strides, dil, pads)]
+        v = x.at([nn, ci, *pos])
         if gate is not None:
             v = v * gate.at([nn, ci, 0, 0])
         if not guard:
             return v
-        return E.if_then_else((iy >= 0) & (iy < H) & (ix >= 0) & (ix < W), v, _c(0, x.dtype))
+        cond = None
+        for q, d in zip(pos, size):
+            c = (q >= 0) & (q < d)
+            cond = c if cond is None else cond & c
+        return E.if_then_else(cond, v, _c(0, x.dtype))
 
-    ky, kx = reduce_axis((0, KH), "ky"), reduce_axis((0, KW), "kx")
-    wv = np.dtype(w.dtype).name
-    if blk:
+    kk = [reduce_axis((0, k), ("ky", "kx")[d] if nd == 2 else f"k{d}") for d, k in enumerate(ks)]
+    wk = int(op.args[1][1:]) if op.args[1].startswith("i") and wl.inputs[int(op.args[1][1:])].const else None
+    packed = blk and wk is not None
+    if packed:
+        wv = np.dtype(w.dtype).name
+        Wp = b._placeholder((K // blk, *ks, blk), wv, f"te_w{wk}", lambda consts: _pack_depthwise(consts[wk], blk)) \
+            if depthwise else \
+            b._placeholder((K // blk, Cg, *ks, blk), wv, f"te_w{wk}", lambda consts: _pack_conv(consts[wk], blk))
+    else:
+        Wv = b.value(op.args[1])
+
+    def weight(c, rc):
+        if packed:
+            return Wp[(c.blk, *kk, c.lane)] if depthwise else Wp[(c.blk, rc, *kk, c.lane)]
+        return Wv.at([c, rc, *kk])
+
+    def body(nn, c, outs):
         if depthwise:
-            Wp = b._placeholder((K // blk, KH, KW, blk), wv, f"te_w{wk}",
-                                lambda consts: _pack_depthwise(consts[wk], blk))
-        else:
-            Wp = b._placeholder((K // blk, Cg, KH, KW, blk), wv, f"te_w{wk}",
-                                lambda consts: _pack_conv(consts[wk], blk))
-    else:
-        Wp = b._placeholder(w.shape, wv, f"in{wk}")
-    if depthwise:
-        def body(nn, c, y, xx):
-            wt = Wp[c.blk, ky, kx, c.lane] if blk else Wp[c, 0, ky, kx]
-            return reduction("sum", tap(nn, c, y, xx, ky, kx) * wt, (ky, kx))
-    elif bi > 1 and C % bi == 0:
-        rco, rci = reduce_axis((0, C // bi), "rco"), reduce_axis((0, bi), "rci")
-
-        def body(nn, c, y, xx):
-            rc = rco * bi + rci
-            wt = Wp[c.blk, rc, ky, kx, c.lane] if blk else Wp[c, rc, ky, kx]
-            return reduction("sum", tap(nn, Split(rco, rci, bi), y, xx, ky, kx) * wt, (rco, ky, kx, rci))
-    else:
-        rc = reduce_axis((0, C), "rc")
-
-        def body(nn, c, y, xx):
-            wt = Wp[c.blk, rc, ky, kx, c.lane] if blk else Wp[c, rc, ky, kx]
-            return reduction("sum", tap(nn, rc, y, xx, ky, kx) * wt, (rc, ky, kx))
+            return reduction("sum", tap(nn, c, outs, kk) * weight(c, 0), tuple(kk))
+        if bi > 1 and C % bi == 0:
+            rco, rci = reduce_axis((0, C // bi), "rco"), reduce_axis((0, bi), "rci")
+            return reduction("sum", tap(nn, Split(rco, rci, bi), outs, kk) * weight(c, rco * bi + rci),
+                             (rco, *kk, rci))
+        rc = reduce_axis((0, Cg), "rc")
+        ci = rc if G == 1 else flat(c) // Kg * Cg + rc
+        return reduction("sum", tap(nn, ci, outs, kk) * weight(c, rc), (rc, *kk))
     if blk:
-        stage = compute((n, K // blk, OH, OW, blk), lambda q0, q1, q2, q3, q4: body(q0, Split(q1, q4, blk), q2, q3),
-                        name="conv")
+        OH, OW = out_shape[2:]
+        stage = compute((n, K // blk, OH, OW, blk),
+                        lambda q0, q1, q2, q3, q4: body(q0, Split(q1, q4, blk), [q2, q3]), name="conv")
     else:
-        stage = compute(out_shape, lambda q0, q1, q2, q3: body(q0, q1, q2, q3), name="conv")
+        stage = compute(out_shape, lambda q0, q1, *qs: body(q0, q1, list(qs)), name="conv")
     bias = b.value(op.args[2]) if len(op.args) > 2 and op.args[2] else None
     if bias is not None and (bias.shape != (K,) or bias.dtype != x.dtype):
         raise Unsupported("Conv bias")
 
     def at(idx):
-        nn, c, y, xx = idx
+        nn, c, *outs = idx
         if blk:
             if not (isinstance(c, Split) and c.b == blk):
                 c = flat(c)
                 c = Split(c // blk, c % blk, blk)
-            v = stage[nn, c.blk, y, xx, c.lane]
+            v = stage[nn, c.blk, outs[0], outs[1], c.lane]
         else:
-            v = stage[nn, flat(c), y, xx]
+            v = stage[(nn, flat(c), *outs)]
         return v if bias is None else v + bias.at([c])
     return Value(out_shape, x.dtype, at)
 
