@@ -23,6 +23,14 @@ import numpy as np
 TOLERANCE = 1e-4          # max |modelc - onnxruntime| relative to the output's max |value|
 
 
+def tolerance(dtypes) -> float:
+    """TOLERANCE, or 4 epsilons of the least precise float among `dtypes` where that is coarser: a
+    float16 output is honest to a few float16 ulps at its scale (onnxruntime's own float16 run
+    differs from its float32 one by that much), not to 1e-4."""
+    eps = [float(np.finfo(d).eps) for d in map(np.dtype, dtypes) if d.kind == "f"]
+    return max([TOLERANCE] + [4 * e for e in eps])
+
+
 def alternating_timings(fns: dict, rounds: int, block: int = 10, pause: float = 0.05) -> dict:
     """Per-call seconds of each runtime, measured in alternating blocks with pauses between them
     (spinning worker threads of the previous runtime must not hold the cores)."""
@@ -87,6 +95,7 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
     runtimes = {"onnxruntime": peers.runner("onnxruntime", path, threads, shapes)}
     runtimes.update({name: peers.runner(name, path, threads, shapes) for name in against if name != "onnxruntime"})
     out_names = [o["name"] for o in untuned.output_specs]
+    tol = tolerance(o["dtype"] for o in untuned.output_specs)
     for name, m in modules.items():
         runtimes[name] = (lambda m: (lambda feeds: [m.run(feeds)[n] for n in out_names]))(m)
     rng = np.random.default_rng(0)
@@ -105,10 +114,10 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
             row.update(_accuracy(runtimes[name], runtimes["onnxruntime"], xs, in_name))
         if name in modules:
             row["speedup_vs_untuned"] = base_ms / statistics.median(ms)
-            row["ok"] = row["max_rel_err"] <= TOLERANCE
+            row["ok"] = row["max_rel_err"] <= tol
         rows.append(row)
     res = {"model": model, "path": path, "input": {in_name: spec["shape"]}, "threads": threads,
-           "log": log, "tuning_summary": summary, "tolerance": TOLERANCE, "rows": rows,
+           "log": log, "tuning_summary": summary, "tolerance": tol, "rows": rows,
            "ok": all(r.get("ok", True) for r in rows), "cpu": _cpu()}
     if per_layer:
         from .layers import report
