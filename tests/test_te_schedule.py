@@ -71,6 +71,33 @@ def test_index_arithmetic_is_folded_and_one_trip_loops_dropped():
     assert "range(0, 1)" not in src and "* np.int64(1)" not in src and "- np.int64(0)" not in src
 
 
+def test_unroll_writes_out_small_reductions_and_row_tiles_are_written_out():
+    """Ansor's auto_unroll_max_step: a depthwise 3x3's nine taps are written out inside one lane loop
+    by default (no loop over the window: the accumulators stay in registers), a conv's taps only
+    when tuned so (its channel loop stays a loop); grouped row tiles are written out one after
+    another, not a loop (a variable offset into the accumulators put every update on the stack)."""
+    import re
+    (dw,) = modelc.SearchTask(func=W.depthwise, args=(1, 32, 12, 12, 3, 1, 1)).plans
+    with target.use(AVX512):
+        sp = space(dw)
+        assert next(k.values for k in sp.knobs if k.name == "unroll") == [0, 16]
+        v = default_values(dw, sp)
+        assert v["unroll"] == 16 and sp.is_valid(sp.from_values(v))
+        src, _ = kernel_source(dw, v)
+        body = src.split("def kernel", 1)[1]
+        assert not re.search(r"for r\d in range", body) and body.count("acc[") >= 2 * 9
+        assert not sp.is_valid(sp.from_values({**v, "k_unroll": 2}))       # moot once written out
+        (conv,) = modelc.SearchTask(func=W.conv2d, args=(1, 8, 10, 10, 16, 3, 1, 1, 1)).plans
+        sp = space(conv)
+        v = default_values(conv, sp)
+        assert v["unroll"] == 0 and next(k.values for k in sp.knobs if k.name == "unroll") == [0, 16]
+        grouped = next(sp.get(i).values for i in range(len(sp)) if sp.is_valid(sp.get(i))
+                       and sp.get(i).values["m_group"] == 2 and sp.get(i).values["unroll"] == 16)
+        body = kernel_source(conv, grouped)[0].split("def kernel", 1)[1]
+        assert "for g in" not in body and "mt = mg * 2 + 1" in body
+        assert re.search(r"for r0 in range", body) and not re.search(r"for r[12] in range", body)
+
+
 def test_space_is_derived_from_the_target():
     """Column tiles are whole vectors of the CPU (16 float32 lanes with AVX-512, 8 with AVX2); a
     register tile never exceeds its vector registers; grouped row tiles divide the row tiles."""

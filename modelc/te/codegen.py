@@ -6,6 +6,7 @@ names made here (`out0`, `in1`, `q0`, `r0`): nothing a user named reaches the so
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -18,7 +19,7 @@ from .bounds import unproven_reads
 from ..errors import ModelcError
 from .expr import Binary, Call, Cast, Const, Read, Select, Var
 from .lower import Acc, KernelPlan
-from .sketch import default_values, lanes_of, row_axis
+from .sketch import default_values, lanes_of, row_axis, unrolled
 
 _F32 = lambda text: f"np.float32({text})"  # noqa: E731
 FAST_EXP = [imports("f32_from_bits"), "", f"@numba.njit(fastmath={FASTMATH})", "def fast_exp32(x):",
@@ -165,7 +166,9 @@ class _Nest:
     columns-first by `order`). In an item: the accumulators of its row tiles (tile_m x tile_m2
     rows of tile_n lanes each) on the stack; the outermost reduce axis in blocks of `k_block`,
     each block run over all the item's tiles before the next; the innermost reduce axis unrolled
-    by `k_unroll`; one loop over the tile's lanes innermost, rows written out. A last tile past
+    by `k_unroll`, or the inner reduce axes written out inside the lane loop (`unroll`: their taps x
+    rows update the accumulators in one loop body); one loop over the tile's lanes innermost, rows
+    written out. A last tile past
     the end of its axis is shifted back to end there and stores only what the tile before it did
     not: every output element is stored by exactly one item.
     """
@@ -180,6 +183,7 @@ class _Nest:
         self.NR = 1 if self.vred else v["tile_n"]
         self.G = v.get("m_group", 1)
         self.U = v.get("k_unroll", 1)
+        self.unrolled = unrolled(p, v)[0] if p.reduce is not None and not self.vred else 0
         self.rows_first = v.get("order", ["m", "n"])[0] == "m"
         self.R = row_axis(p, v) if self.n >= 2 else None
         self.rows = rows = shape[self.R] if self.n >= 2 else 1
@@ -192,6 +196,7 @@ class _Nest:
         if self.MT % self.G:
             raise ModelcError(f"m_group {self.G} does not divide the {self.MT} row tiles")
         self.MG = self.MT // self.G
+        self.g = 0                                    # the row tile being written (_tiles)
         # a second axis of register rows (Ansor tiles every spatial axis): its tiles are items
         self.R2 = v.get("row_axis2", -1) if self.n >= 2 else -1
         self.MR2 = min(v.get("tile_m2", 1), shape[self.R2]) if self.R2 >= 0 else 1
@@ -249,23 +254,21 @@ class _Nest:
         return body
 
     def _tiles(self, fn) -> list:
-        """fn() for each of the item's row tiles. A last tile past the end of its axis is shifted
-        back to end there (its first rows and columns were the tile before's), so every tile is
-        the same code; stores skip what the tile before stored (`sm` rows, `sj` columns), so each
-        output has one writer."""
+        """fn() for each of the item's row tiles, written out one after another (a loop over
+        them made the accumulators' offsets variable, and LLVM then stored every update to the
+        stack: 2x slower). A last tile past the end of its axis is shifted back to end there (its
+        first rows and columns were the tile before's), so every tile is the same code; stores
+        skip what the tile before stored (`sm` rows, `sj` columns), so each output has one writer."""
         out = []
-        if self.G > 1:
-            out.append(f"for g in range({self.G}):")
-            ind = "    "
-            out.append(f"{ind}mt = mg * {self.G} + g")
-        else:
-            ind = ""
-            out.append("mt = mg")
-        if self.shift_m:
-            out += [f"{ind}m0 = min(mt * {self.MR}, {self.rows - self.MR})", f"{ind}sm = mt * {self.MR} - m0"]
-        else:
-            out.append(f"{ind}m0 = mt * {self.MR}")
-        return out + [ind + ln for ln in fn()]
+        for g in range(self.G):
+            self.g = g
+            out.append(f"mt = mg * {self.G} + {g}" if self.G > 1 else "mt = mg")
+            if self.shift_m:
+                out += [f"m0 = min(mt * {self.MR}, {self.rows - self.MR})", f"sm = mt * {self.MR} - m0"]
+            else:
+                out.append(f"m0 = mt * {self.MR}")
+            out += fn()
+        return out
 
     def _envs(self) -> list:
         """The index environment of each register row (row-axis rows x second-axis rows)."""
@@ -290,11 +293,8 @@ class _Nest:
 
     def _acc(self, m: int, q: int = 0) -> str:
         """Accumulator of row m (and, vectorising a reduction, of its set q) at lane jj."""
-        base = [f"g * {self.tile}"] if self.G > 1 else []
-        at = m * self.U * self.L + q * self.L if self.vred else m * self.NR
-        if at:
-            base.append(str(at))
-        return " + ".join([*base, "jj"])
+        at = self.g * self.tile + (m * self.U * self.L + q * self.L if self.vred else m * self.NR)
+        return f"{at} + jj" if at else "jj"
 
     def _update(self, a: str, val: str) -> str:
         op = self.p.reduce.op
@@ -323,6 +323,22 @@ class _Nest:
                 lines.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', self.emit.reduced(red.source, env))}")
             return lines
 
+        if self.unrolled:               # the innermost axes written out, inside one lane loop
+            first = len(axes) - self.unrolled
+            for k, a in enumerate(axes[:first]):
+                if k in one:
+                    continue
+                lo, hi = (f"{a.lo} + kb * {self.KB}", f"{a.lo} + kb * {self.KB} + {self.KB}") \
+                    if k == 0 and self.KB is not None else (a.lo, a.hi)
+                out.append(f"{ind}for r{k} in range({lo}, {hi}):")
+                ind += "    "
+            out.append(f"{ind}for jj in range({self.NR}):")
+            for taps in itertools.product(*(range(a.lo, a.hi) for a in axes[first:])):
+                at = {id(a): str(t) for a, t in zip(axes[first:], taps)}
+                for m, env in enumerate(envs):
+                    val = self.emit.reduced(red.source, {**env, **at})
+                    out.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', val)}")
+            return out
         for k, a in enumerate(axes):
             if k in one:
                 continue

@@ -38,6 +38,8 @@ SECOND_ROWS = (1, 2, 3, 4)        # tile_m2 candidates
 GROUPS = (1, 2, 4, 8)
 K_BLOCKS = (512, 256, 128, 64, 32)
 UNROLL = (1, 2, 4, 8)
+UNROLL_STEPS = (0, 16, 64)        # Ansor's auto_unroll_max_step: taps of the inner reduce axes written out
+MAX_UNROLLED = 512                # unrolled statements (taps x register rows) a kernel may hold: compile time
 MAX_ELEMWISE_TILE = 64            # vectors an elementwise item stores (rows x tile_n)
 
 
@@ -109,6 +111,39 @@ def reduce_vectorizable(p: KernelPlan) -> bool:
     return a.hi - a.lo >= lanes_of(p) and _contiguous_along(p, a)
 
 
+def unrolled_axes(p: KernelPlan, limit: int, k_blocked: bool = False) -> int:
+    """How many innermost reduce axes have at most `limit` taps together (a k-blocked axis 0 is
+    never written out): 0 when not even the innermost one does."""
+    axes = p.reduce.axes[1:] if k_blocked else p.reduce.axes
+    taps, n = 1, 0
+    for a in reversed(axes):
+        taps *= a.hi - a.lo
+        if taps > limit:
+            break
+        n += 1
+    return n
+
+
+def unrolled(p: KernelPlan, v: dict) -> tuple[int, int]:
+    """(innermost reduce axes written out under annotation `v`, their taps): (0, 0) for none."""
+    a0 = p.reduce.axes[0]
+    n = unrolled_axes(p, v.get("unroll", 0), v.get("k_block", a0.hi - a0.lo) != a0.hi - a0.lo)
+    return (n, math.prod(a.hi - a.lo for a in p.reduce.axes[len(p.reduce.axes) - n:])) if n else (0, 0)
+
+
+def unroll_steps(p: KernelPlan) -> list:
+    """`unroll` candidates that write out different axes (0: none), for a plan whose reduction
+    has more than one tap to write out."""
+    out, seen = [0], {0}
+    for u in UNROLL_STEPS[1:]:
+        n = unrolled_axes(p, u)
+        taps = math.prod(a.hi - a.lo for a in p.reduce.axes[len(p.reduce.axes) - n:]) if n else 1
+        if n not in seen and taps > 1:
+            out.append(u)
+            seen.add(n)
+    return out
+
+
 def lanes_of(p: KernelPlan) -> int:
     """Vector lanes of the output's compute type (float16 is computed in float32)."""
     return target.current().lanes(4 if p.tensor.dtype == "float16" else np.dtype(p.tensor.dtype).itemsize)
@@ -147,6 +182,9 @@ def space(p: KernelPlan) -> ConfigSpace:
             sp.define_knob("k_block", [ext0] + [c for c in K_BLOCKS if c < ext0 and ext0 % c == 0])
         last = p.reduce.axes[-1].hi - p.reduce.axes[-1].lo
         sp.define_annotate("k_unroll", [u for u in UNROLL if u <= last])
+        steps = unroll_steps(p)
+        if len(steps) > 1:
+            sp.define_annotate("unroll", steps)
 
     def ok(cfg):
         v = cfg.values
@@ -165,7 +203,7 @@ def space(p: KernelPlan) -> ConfigSpace:
         if tiled and -(-shape[row_axis(p, v)] // mr) % v["m_group"]:
             return False                        # grouped tiles never repeat a tile
         if v.get("vectorize") == "reduce":       # one output per row: no column tiles, no k blocks
-            return (v["tile_n"] == nrs[0] and v.get("k_block", ext0) == ext0
+            return (v["tile_n"] == nrs[0] and v.get("k_block", ext0) == ext0 and not v.get("unroll", 0)
                     and rows * v["k_unroll"] <= tg.max_tile_vectors)
         if p.reduce is None:
             return rows * vec <= MAX_ELEMWISE_TILE
@@ -173,6 +211,10 @@ def space(p: KernelPlan) -> ConfigSpace:
             return False                        # the accumulators would not fit the registers
         if tiled and v["k_block"] != ext0 and v["m_group"] == 1:
             return False                        # a k block only pays when grouped tiles reuse it
+        if v.get("unroll", 0):
+            taps = unrolled(p, v)[1]
+            if not taps or v["k_unroll"] != 1 or taps * rows > MAX_UNROLLED:
+                return False                    # (the innermost axis written out: k_unroll is moot)
         return True
 
     sp.constraint = ok
@@ -193,12 +235,17 @@ def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
         base["k_unroll"] = 1
     if "row_axis2" in base:
         base["row_axis2"], base["tile_m2"] = -1, 1
+    if "unroll" in base:                # the whole reduction written out where it is small (a
+        whole = [u for u in knobs["unroll"] if u and unrolled_axes(p, u) == len(p.reduce.axes)]
+        base["unroll"] = whole[0] if whole else 0      # depthwise window, 15% faster); not a conv's taps
     if "row_axis" in base:              # rows that share the most vector loads
         base["row_axis"] = max(knobs["row_axis"], key=lambda d: (shared_loads(p, d), d))
     if "vectorize" in base:
         strided = _strided_reads(p, p.axis[-1]) > _strided_reads(p, p.reduce.axes[-1])
         base["vectorize"] = "reduce" if strided else "spatial"
         if base["vectorize"] == "reduce":   # independent chains to cover the FMA latency
+            base["unroll"] = 0 if "unroll" in base else None
+            base = {k: v for k, v in base.items() if v is not None}
             tg = target.current()
             base["k_unroll"] = max(u for u in knobs["k_unroll"] if u <= max(1, tg.accumulators_in_flight // 2))
             return base
@@ -212,7 +259,9 @@ def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
         for nr in knobs["tile_n"]:
             vals = {**base, "tile_m": mr, "tile_n": nr}
             if not sp.is_valid(sp.from_values(vals)):
-                continue
+                vals["unroll"] = 0 if "unroll" in vals else None
+                if vals["unroll"] is None or not sp.is_valid(sp.from_values(vals)):
+                    continue
             cost = (model_cost(M, K, N, 1, mr, nr) * (1.02 if shape[row_axis(p, base)] % mr else 1.0), -mr * nr)
             if best_cost is None or cost < best_cost:
                 best, best_cost = vals, cost
@@ -239,6 +288,9 @@ def steps(p: KernelPlan, v: dict) -> list:
             out.append(f"split reduce axis 0 by {v['k_block']} (reused by the grouped tiles)")
         if v.get("k_unroll", 1) > 1:
             out.append(f"unroll reduce axis {len(p.reduce.axes) - 1} by {v['k_unroll']}")
+        if unrolled(p, v)[1]:
+            out.append(f"unroll the inner reduce axes' {unrolled(p, v)[1]} taps inside the lane loop "
+                       f"(auto_unroll_max_step {v['unroll']})")
         out.append("cache_write: the register tile accumulates on the stack")
     order = "rows" if v.get("order", ["m", "n"])[0] == "m" else "columns"
     out.append(f"fuse the outer loops into one parallel loop, consecutive items along {order}")
