@@ -255,16 +255,19 @@ def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
     M, N = math.prod(shape[:-1]), shape[-1]
     K = math.prod(a.hi - a.lo for a in p.reduce.axes)
     best, best_cost = base, None
-    for mr in knobs["tile_m"]:
-        for nr in knobs["tile_n"]:
-            vals = {**base, "tile_m": mr, "tile_n": nr}
-            if not sp.is_valid(sp.from_values(vals)):
-                vals["unroll"] = 0 if "unroll" in vals else None
-                if vals["unroll"] is None or not sp.is_valid(sp.from_values(vals)):
+    for unroll in ([base["unroll"], 0] if base.get("unroll") else [None]):   # written out if a tile allows
+        for mr in knobs["tile_m"]:
+            for nr in knobs["tile_n"]:
+                vals = {**base, "tile_m": mr, "tile_n": nr}
+                if unroll is not None:
+                    vals["unroll"] = unroll
+                if not sp.is_valid(sp.from_values(vals)):
                     continue
-            cost = (model_cost(M, K, N, 1, mr, nr) * (1.02 if shape[row_axis(p, base)] % mr else 1.0), -mr * nr)
-            if best_cost is None or cost < best_cost:
-                best, best_cost = vals, cost
+                cost = (model_cost(M, K, N, 1, mr, nr) * (1.02 if shape[row_axis(p, base)] % mr else 1.0), -mr * nr)
+                if best_cost is None or cost < best_cost:
+                    best, best_cost = vals, cost
+        if best_cost is not None:
+            break
     return best
 
 
