@@ -132,16 +132,12 @@ def unrolled(p: KernelPlan, v: dict) -> tuple[int, int]:
 
 
 def unroll_steps(p: KernelPlan) -> list:
-    """`unroll` candidates that write out different axes (0: none), for a plan whose reduction
-    has more than one tap to write out."""
-    out, seen = [0], {0}
-    for u in UNROLL_STEPS[1:]:
-        n = unrolled_axes(p, u)
-        taps = math.prod(a.hi - a.lo for a in p.reduce.axes[len(p.reduce.axes) - n:]) if n else 1
-        if n not in seen and taps > 1:
-            out.append(u)
-            seen.add(n)
-    return out
+    """`unroll` candidates: 0, and the least step that writes out the whole reduction when it
+    has more than one tap and at most the largest step. Writing out part of one (a conv's window
+    under its channel loop) gained nothing on ResNet-18's convs and made compiles of guarded
+    windows take 5-10 s."""
+    taps = math.prod(a.hi - a.lo for a in p.reduce.axes)
+    return [0] + [next(u for u in UNROLL_STEPS if u >= taps)] if 1 < taps <= UNROLL_STEPS[-1] else [0]
 
 
 def lanes_of(p: KernelPlan) -> int:
@@ -212,8 +208,8 @@ def space(p: KernelPlan) -> ConfigSpace:
         if tiled and v["k_block"] != ext0 and v["m_group"] == 1:
             return False                        # a k block only pays when grouped tiles reuse it
         if v.get("unroll", 0):
-            taps = unrolled(p, v)[1]
-            if not taps or v["k_unroll"] != 1 or taps * rows > MAX_UNROLLED:
+            written, taps = unrolled(p, v)
+            if written != len(p.reduce.axes) or v["k_unroll"] != 1 or taps * rows > MAX_UNROLLED:
                 return False                    # (the innermost axis written out: k_unroll is moot)
         return True
 
@@ -235,9 +231,8 @@ def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
         base["k_unroll"] = 1
     if "row_axis2" in base:
         base["row_axis2"], base["tile_m2"] = -1, 1
-    if "unroll" in base:                # the whole reduction written out where it is small (a
-        whole = [u for u in knobs["unroll"] if u and unrolled_axes(p, u) == len(p.reduce.axes)]
-        base["unroll"] = whole[0] if whole else 0      # depthwise window, 15% faster); not a conv's taps
+    if "unroll" in base:                # the whole (small) reduction written out: a depthwise window
+        base["unroll"] = knobs["unroll"][-1]           # ran 15% faster
     if "row_axis" in base:              # rows that share the most vector loads
         base["row_axis"] = max(knobs["row_axis"], key=lambda d: (shared_loads(p, d), d))
     if "vectorize" in base:
