@@ -87,12 +87,12 @@ class Softmax(Template):
             return [f"{ind}out0[np.uintp({flat})] = f2h({v})"] if half else store(wl, ind, v, flat, idx)
 
         def finals(m, s):
-            """(line that turns the sum `s` into what the last pass needs, value that pass stores);
-            its exp, where it needs one, is in `ev`."""
+            """(line that turns the sum `s` into what the last pass needs, value that pass stores
+            at `xi`); its exp, where it needs one, is in `ev`."""
             if log and half:
-                return f"{s} = r16(math.log(r16({s})))", f"({r16(f'{x(IDX)} - {m}')} - {s})"
+                return f"{s} = r16(math.log(r16({s})))", "(" + r16(f"{x('xi')} - {m}") + f" - {s})"
             if log:
-                return f"{s} = {m} + math.log({s})", f"({x(IDX)} - {s})"
+                return f"{s} = {m} + math.log({s})", f"({x('xi')} - {s})"
             if half:
                 return f"{s} = r16({s})", f"(ev / {s})"
             return f"{s} = {one} / {s}", f"(ev * {s})"
@@ -100,7 +100,6 @@ class Softmax(Template):
         if inner == 1:
             # ---- row softmax: each row of L contiguous elements ---------------------------
             store_exp = _stores_exp(wl, inner) and cfg["store_exp"]
-            IDX = "xi"
             body, ind = tasks_loop(outer, RPT, [])
             body += [f"{ind}base = o * {L}"]
             body += row_fold(L, "base", x, lambda a, b: f"fmax({a}, {b})", ninf, "m", ind)
@@ -124,7 +123,6 @@ class Softmax(Template):
         # ---- column softmax: blocks of W contiguous inner elements, reduced over L ---------
         # (a float32/64 softmax keeps exp(x - max) in the output between its passes)
         W = min(cfg["vector_width"], inner)
-        IDX = "xi"
         body, ind, nfull, tail = column_tasks(outer, inner, L, W, RPT, [f"acc = carray(stack_empty({W}, {T}), {W})",
                                                                           f"acs = carray(stack_empty({W}, {T}), {W})"])
         keep = not log and not half

@@ -42,12 +42,16 @@ def max_rel_error(got: list, want: list) -> float:
     return err
 
 
-def tolerance(wl: Workload, base: float) -> float:
-    """`base` (relative to the output scale), or a few units of the least precise float output's
-    epsilon where that is coarser: a float16 kernel computes in float32 and rounds where the
+def dtype_tolerance(dtypes, base: float) -> float:
+    """`base` (relative to the output scale), or 4 epsilons of the least precise float among
+    `dtypes` where that is coarser: a float16 kernel computes in float32 and rounds where the
     reference rounds, so it may differ from it by an ulp or two of float16 at the output's scale."""
-    eps = [np.finfo(t.dtype).eps for t in wl.outputs if np.dtype(t.dtype).kind == "f"]
-    return max(base, 4 * float(max(eps))) if eps else base
+    return max([base] + [4 * float(np.finfo(d).eps) for d in map(np.dtype, dtypes) if d.kind == "f"])
+
+
+def tolerance(wl: Workload, base: float) -> float:
+    """dtype_tolerance of the workload's outputs."""
+    return dtype_tolerance((t.dtype for t in wl.outputs), base)
 
 
 def run(wl: Workload, template: Template, cfg, inputs: list | None = None, seed: int = 0):

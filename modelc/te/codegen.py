@@ -166,7 +166,7 @@ class _Nest:
     columns-first by `order`). In an item: the accumulators of its row tiles (tile_m x tile_m2
     rows of tile_n lanes each) on the stack; the outermost reduce axis in blocks of `k_block`,
     each block run over all the item's tiles before the next; the innermost reduce axis unrolled
-    by `k_unroll`, or the inner reduce axes written out inside the lane loop (`unroll`: their taps x
+    by `k_unroll`, or a small reduction written out whole inside the lane loop (`unroll`: its taps x
     rows update the accumulators in one loop body); one loop over the tile's lanes innermost, rows
     written out. A last tile past
     the end of its axis is shifted back to end there and stores only what the tile before it did
@@ -183,7 +183,7 @@ class _Nest:
         self.NR = 1 if self.vred else v["tile_n"]
         self.G = v.get("m_group", 1)
         self.U = v.get("k_unroll", 1)
-        self.unrolled = unrolled(p, v)[0] if p.reduce is not None and not self.vred else 0
+        self.unrolled = p.reduce is not None and not self.vred and unrolled(p, v) > 0
         self.rows_first = v.get("order", ["m", "n"])[0] == "m"
         self.R = row_axis(p, v) if self.n >= 2 else None
         self.rows = rows = shape[self.R] if self.n >= 2 else 1
@@ -323,21 +323,13 @@ class _Nest:
                 lines.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', self.emit.reduced(red.source, env))}")
             return lines
 
-        if self.unrolled:               # the innermost axes written out, inside one lane loop
-            first = len(axes) - self.unrolled
-            for k, a in enumerate(axes[:first]):
-                if k in one:
-                    continue
-                lo, hi = (f"{a.lo} + kb * {self.KB}", f"{a.lo} + kb * {self.KB} + {self.KB}") \
-                    if k == 0 and self.KB is not None else (a.lo, a.hi)
-                out.append(f"{ind}for r{k} in range({lo}, {hi}):")
-                ind += "    "
-            out.append(f"{ind}for jj in range({self.NR}):")
-            for taps in itertools.product(*(range(a.lo, a.hi) for a in axes[first:])):
-                at = {id(a): str(t) for a, t in zip(axes[first:], taps)}
+        if self.unrolled:               # the whole reduction written out, inside one lane loop
+            out.append(f"for jj in range({self.NR}):")
+            for taps in itertools.product(*(range(a.lo, a.hi) for a in axes)):
+                at = {id(a): str(t) for a, t in zip(axes, taps)}
                 for m, env in enumerate(envs):
                     val = self.emit.reduced(red.source, {**env, **at})
-                    out.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', val)}")
+                    out.append(f"    {self._update(f'acc[{self._acc(m)}]', val)}")
             return out
         for k, a in enumerate(axes):
             if k in one:

@@ -38,7 +38,7 @@ SECOND_ROWS = (1, 2, 3, 4)        # tile_m2 candidates
 GROUPS = (1, 2, 4, 8)
 K_BLOCKS = (512, 256, 128, 64, 32)
 UNROLL = (1, 2, 4, 8)
-UNROLL_STEPS = (0, 16, 64)        # Ansor's auto_unroll_max_step: taps of the inner reduce axes written out
+UNROLL_STEPS = (0, 16, 64)        # Ansor's auto_unroll_max_step: taps of a reduction written out
 MAX_UNROLLED = 96                 # unrolled statements (taps x register rows): numba typed 63 in 1.5 s, 126 in 3.5 s
 MAX_ELEMWISE_TILE = 64            # vectors an elementwise item stores (rows x tile_n)
 
@@ -111,24 +111,13 @@ def reduce_vectorizable(p: KernelPlan) -> bool:
     return a.hi - a.lo >= lanes_of(p) and _contiguous_along(p, a)
 
 
-def unrolled_axes(p: KernelPlan, limit: int, k_blocked: bool = False) -> int:
-    """How many innermost reduce axes have at most `limit` taps together (a k-blocked axis 0 is
-    never written out): 0 when not even the innermost one does."""
-    axes = p.reduce.axes[1:] if k_blocked else p.reduce.axes
-    taps, n = 1, 0
-    for a in reversed(axes):
-        taps *= a.hi - a.lo
-        if taps > limit:
-            break
-        n += 1
-    return n
-
-
-def unrolled(p: KernelPlan, v: dict) -> tuple[int, int]:
-    """(innermost reduce axes written out under annotation `v`, their taps): (0, 0) for none."""
+def unrolled(p: KernelPlan, v: dict) -> int:
+    """Taps of the reduction written out whole under annotation `v`, or 0 (no `unroll`, or its
+    outermost axis split in k blocks)."""
     a0 = p.reduce.axes[0]
-    n = unrolled_axes(p, v.get("unroll", 0), v.get("k_block", a0.hi - a0.lo) != a0.hi - a0.lo)
-    return (n, math.prod(a.hi - a.lo for a in p.reduce.axes[len(p.reduce.axes) - n:])) if n else (0, 0)
+    if not v.get("unroll", 0) or v.get("k_block", a0.hi - a0.lo) != a0.hi - a0.lo:
+        return 0
+    return math.prod(a.hi - a.lo for a in p.reduce.axes)
 
 
 def unroll_steps(p: KernelPlan) -> list:
@@ -208,8 +197,8 @@ def space(p: KernelPlan) -> ConfigSpace:
         if tiled and v["k_block"] != ext0 and v["m_group"] == 1:
             return False                        # a k block only pays when grouped tiles reuse it
         if v.get("unroll", 0):
-            written, taps = unrolled(p, v)
-            if written != len(p.reduce.axes) or v["k_unroll"] != 1 or taps * rows > MAX_UNROLLED:
+            taps = unrolled(p, v)
+            if not taps or v["k_unroll"] != 1 or taps * rows > MAX_UNROLLED:
                 return False                    # (the innermost axis written out: k_unroll is moot)
         return True
 
@@ -239,8 +228,8 @@ def default_values(p: KernelPlan, sp: ConfigSpace | None = None) -> dict:
         strided = _strided_reads(p, p.axis[-1]) > _strided_reads(p, p.reduce.axes[-1])
         base["vectorize"] = "reduce" if strided else "spatial"
         if base["vectorize"] == "reduce":   # independent chains to cover the FMA latency
-            base["unroll"] = 0 if "unroll" in base else None
-            base = {k: v for k, v in base.items() if v is not None}
+            if "unroll" in base:
+                base["unroll"] = 0
             tg = target.current()
             base["k_unroll"] = max(u for u in knobs["k_unroll"] if u <= max(1, tg.accumulators_in_flight // 2))
             return base
@@ -286,8 +275,8 @@ def steps(p: KernelPlan, v: dict) -> list:
             out.append(f"split reduce axis 0 by {v['k_block']} (reused by the grouped tiles)")
         if v.get("k_unroll", 1) > 1:
             out.append(f"unroll reduce axis {len(p.reduce.axes) - 1} by {v['k_unroll']}")
-        if unrolled(p, v)[1]:
-            out.append(f"unroll the inner reduce axes' {unrolled(p, v)[1]} taps inside the lane loop "
+        if unrolled(p, v):
+            out.append(f"unroll the reduction's {unrolled(p, v)} taps inside the lane loop "
                        f"(auto_unroll_max_step {v['unroll']})")
         out.append("cache_write: the register tile accumulates on the stack")
     order = "rows" if v.get("order", ["m", "n"])[0] == "m" else "columns"
