@@ -22,6 +22,12 @@ def _empty(graph: Graph, node) -> bool:
     return bool(outs) and all(t.shape is not None and 0 in t.shape for t in outs)
 
 
+def _stand_in(t) -> np.ndarray:
+    """An operand whose values do not count: its shape and dtype (an empty array, or a view of one
+    zero rather than a copy of the whole shape)."""
+    return np.zeros(t.shape, t.dtype) if 0 in t.shape else np.broadcast_to(np.zeros((), t.dtype), t.shape)
+
+
 def fold_constants(graph: Graph) -> Graph:
     for node in graph.topo():
         if node.subgraph is None and _empty(graph, node):
@@ -38,8 +44,7 @@ def fold_constants(graph: Graph) -> Graph:
             return not i or graph.value(i) is not None or (shape is not None and (k == meta or 0 in shape))
         if node.subgraph is not None or not all(known(k, i) for k, i in enumerate(node.inputs)):
             continue
-        args = [None if not i else graph.value(i) if graph.value(i) is not None else
-                np.broadcast_to(np.zeros((), graph.tensors[i].dtype), graph.tensors[i].shape)   # shape, dtype only
+        args = [None if not i else graph.value(i) if graph.value(i) is not None else _stand_in(graph.tensors[i])
                 for i in node.inputs]
         values = ops.evaluate(node, args)
         graph.remove_node(node.name, drop_outputs=False)
