@@ -11,7 +11,7 @@ from numba.core.compiler import Compiler
 from numba.core.typing.templates import AbstractTemplate, signature
 
 from modelc.kernels import numba_pipeline
-from modelc.kernels.template import select
+from modelc.kernels.template import get, select
 from modelc.kernels.workload import Workload
 from workloads import conv2d_wl, dense_wl, dw_wl
 
@@ -45,6 +45,23 @@ def test_kernels_compile_to_the_same_machine_code_as_the_full_pipeline(wl):
     kernel = tpl.build(wl, tpl.default_config(wl, tpl.space(wl)))
     assert "pipeline_class=KernelCompiler" in kernel.source
     assert _asm(kernel.source, numba_pipeline.KernelCompiler) == _asm(kernel.source, FullPipeline)
+
+
+def test_typed_literals_are_made_once_to_the_same_machine_code():
+    """`source` names each typed literal once before the loops (numba then types a Winograd
+    kernel's 300 `np.float32(4.0)` once); LLVM folds the names back: the code is what the literals
+    written in place compile to."""
+    wl = conv2d_wl(16, 12, 12, 32, 3, 1, 1, 1, 0)
+    tpl = get("conv2d_winograd")
+    assert tpl.matches(wl)
+    src = tpl.build(wl, tpl.default_config(wl, tpl.space(wl))).source
+    named = dict(re.findall(r"^    (lit__[0-9]+) = (np\.\w+\([^()]*\))$", src, re.M))
+    assert len(named) >= 3 and "np.float32(4.0)" in named.values()
+    body = [ln for ln in src.splitlines() if not re.match(r"    lit__[0-9]+ = ", ln)]
+    assert not [ln for ln in body if re.search(r"np\.float32\([0-9.]+\)", ln)]
+    inline = re.sub(r"^    lit__[0-9]+ = .*\n", "", src, flags=re.M)
+    inline = re.sub(r"\blit__[0-9]+\b", lambda m: named[m.group(0)], inline)
+    assert _asm(src, numba_pipeline.KernelCompiler) == _asm(inline, numba_pipeline.KernelCompiler)
 
 
 def test_operator_typing_is_memoised_only_while_a_kernel_compiles():

@@ -114,6 +114,23 @@ def test_space_is_derived_from_the_target():
             assert sp.is_valid(sp.from_values(default_values(p, sp)))
 
 
+def test_every_valid_annotation_is_a_different_kernel():
+    """Two valid annotations of a kernel never generate the same source, up to the order of its
+    lines (an item order over a single column tile or a single group of row tiles only moves a
+    `nt = 0` line: the rows-first kernel): the tuner would measure one kernel twice under two names."""
+    for name in CASES:
+        for p in task_of(name).plans:
+            sp = space(p)
+            step = max(1, len(sp) // 300)
+            sources = {}
+            for i in range(0, len(sp), step):
+                cfg = sp.get(i)
+                if sp.is_valid(cfg):
+                    src = "\n".join(sorted(kernel_source(p, cfg.values)[0].splitlines()))
+                    assert src not in sources, (name, cfg.values, sources.get(src))
+                    sources[src] = cfg.values
+
+
 def sampled(name, n, seed):
     """`n` random valid annotations of each of the task's kernels."""
     rnd = random.Random(seed)

@@ -78,8 +78,16 @@ class Conv2d(Template):
                           candidates=[["c", "kh", "kw"], ["kh", "c", "kw"]])
         sp.define_annotate("unroll_kw", [False, True])
         kb = g.KB
-        sp.constraint = lambda cfg: cfg["tile_ow"] * cfg["tile_oh"] * \
-            -(-cfg["tile_oc_blocks"] * kb // lanes) <= most
+        # a knob that changes nothing for this workload keeps only its first value: over a 1x1
+        # filter both reduction orders and both unroll_kw are one kernel, and half of MobileNetV2's
+        # 1x1 trials (333 of 701 in a 1,000-trial log) had measured a kernel again under another name
+        order_moot, unroll_moot = g.KH == 1 or g.C // g.cb == 1, g.KW == 1
+
+        def valid(cfg):
+            if order_moot and cfg["reduction_order"][0] != "c" or unroll_moot and cfg["unroll_kw"]:
+                return False
+            return cfg["tile_ow"] * cfg["tile_oh"] * -(-cfg["tile_oc_blocks"] * kb // lanes) <= most
+        sp.constraint = valid
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
@@ -184,26 +192,30 @@ class Conv2d(Template):
         # raced, and as LLVM may round the same sum differently in two places of the unrolled tile
         # (fast-math reassociates the bias and residual adds), a module's results changed from run to
         # run in the last bit (MobileNetV2's 1x1 conv 144 -> 24, blocks of 8 in tiles of 2).
+        # The pixels every item owns share one loop over a block's lanes (a loop each compiled 1.2-1.6x
+        # slower to the same speed); a guarded pixel keeps a loop of its own (under its guard in
+        # one shared loop, LLVM left a 5 x 4-block tile's stores scalar: 2x slower).
+        mine, guarded = [], []
         for rr in range(TOH):
             for r in range(OWT):
                 for blk in range(m):
                     owner = ([f"oh0 + {rr} >= rt * {TOH}"] if OH % TOH else []) + \
                         ([f"ow0 + {r} >= t * {OWT}"] if OW % OWT else []) + \
                         ([f"ko0 + {blk} >= ko * {m}"] if KBLK % m else [])
-                    pre = "        " if owner else "    "
-                    if owner:
-                        body += [f"    if {' and '.join(owner)}:"]
-                    body += [f"{pre}for jj in range({KB}):"]
                     v = f"acc[{(rr * OWT + r) * KT + blk * KB} + jj]"
                     cblk = f"ko0 + {blk}" if blk else "ko0"
-                    chan = (cblk, "jj", KB)
                     if has_bias:
                         v = f"({v} + bias[np.uintp(({cblk}) * {KB} + jj)])"
-                    idx = ["n", chan, f"oh0 + {rr}", f"ow0 + {r}"]
+                    idx = ["n", (cblk, "jj", KB), f"oh0 + {rr}", f"ow0 + {r}"]
                     lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
                                             var=f"e{rr}_{r}_", unsigned=True)
-                    body += [f"{pre}    {ln}" for ln in lines]
-                    body += [f"{pre}    out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}"]
+                    lines.append(f"out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
+                    if owner:
+                        guarded += [f"    if {' and '.join(owner)}:", f"        for jj in range({KB}):"]
+                        guarded += [f"            {ln}" for ln in lines]
+                    else:
+                        mine += [f"        {ln}" for ln in lines]
+        body += ([f"    for jj in range({KB}):"] + mine if mine else []) + guarded
 
         def pack_weights(w):                                            # [K, C, KH, KW]
             first = [min(t * m, KBLK - m) * KB for t in range(KO)]      # each tile's first channel

@@ -107,7 +107,7 @@ class ConvGeneric(Template):
         kw = g.KW
 
         def valid(cfg):
-            if cfg["unroll_kw"] and kw > 16:
+            if cfg["unroll_kw"] and not 1 < kw <= 16:           # (over one column: the same kernel)
                 return False
             if cfg["vector_axis"] == "ow":
                 return cfg["tile_oc"] <= 8 and cfg["tile_ow"] * cfg["tile_oc"] <= 1024
@@ -133,7 +133,7 @@ class ConvGeneric(Template):
             owt = min(fit, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
             return space.from_values({"tile_ow": owt, "tile_oc": oct_, "vector_axis": "oc",
                                       "unroll_kw": False, "stage_row": space.knobs[4].values[0]})
-        unroll = g.KW <= 7
+        unroll = 1 < g.KW <= 7
         owt = min(owts, key=lambda t: (waste(t) > 0.15, t > 64, -t))
         oct_ = max(m for m in space.knobs[1].values if m <= 4)
         return space.from_values({"tile_ow": owt, "tile_oc": oct_, "vector_axis": "ow",

@@ -55,6 +55,8 @@ def gemm_space(M: int, K: int, N: int, runtime_b: bool) -> ConfigSpace:
         mt = -(-M // mr)
         if mt % cfg["m_group"]:
             return False                    # grouped tiles never repeat a tile
+        if cfg["order"][0] == "n" and (mt == cfg["m_group"] or nr >= N):
+            return False                    # one group of row tiles or one column tile: the "mn" kernel
         if cfg["k_block"] != K and cfg["m_group"] == 1:
             return False                    # k blocking only reorders work across grouped tiles
         ks = cfg["k_split"]

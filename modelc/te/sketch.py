@@ -187,6 +187,11 @@ def space(p: KernelPlan) -> ConfigSpace:
             return False
         if tiled and -(-shape[row_axis(p, v)] // mr) % v["m_group"]:
             return False                        # grouped tiles never repeat a tile
+        if n >= 2 and v["order"][0] == "n":     # the same kernel as rows first, unless both repeat
+            nr = 1 if v.get("vectorize") == "reduce" else min(v["tile_n"], inner)
+            row_tiles = -(-shape[row_axis(p, v)] // min(mr, shape[row_axis(p, v)]))
+            if -(-inner // nr) == 1 or row_tiles // v.get("m_group", 1) == 1:
+                return False
         if v.get("vectorize") == "reduce":       # one output per row: no column tiles, no k blocks
             return (v["tile_n"] == nrs[0] and v.get("k_block", ext0) == ext0 and not v.get("unroll", 0)
                     and rows * v["k_unroll"] <= tg.max_tile_vectors)

@@ -80,7 +80,8 @@ def _handle(req: dict, refs: dict) -> dict:
         if req.get("cache_flush") and cache_flush.supported():    # as a module finds them
             flush = cold_arrays(wl, kernel.args, args)
         costs = timing.time_kernel(fn, args, req.get("number", 5), req.get("repeat", 3),
-                                    req.get("min_repeat_ms", 0.0), flush=flush)
+                                    req.get("min_repeat_ms", 0.0), flush=flush,
+                                    warmup_ms=req.get("warmup_ms", 50.0))
     except Exception as e:
         return {"error": R.RUNTIME_ERROR, "msg": _message(e)}
     return {"error": R.NO_ERROR, "costs": costs}
