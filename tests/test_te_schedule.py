@@ -131,6 +131,19 @@ def test_every_valid_annotation_is_a_different_kernel():
                     sources[src] = cfg.values
 
 
+def test_a_config_from_before_a_knob_existed_still_loads():
+    """Logs outlive the version that wrote them: a te config written before `unroll` existed means
+    a reduction not written out; a config lacking any other knob is refused by name."""
+    plans = [p for name in CASES for p in task_of(name).plans if "unroll" in {k.name for k in space(p).knobs}]
+    assert plans
+    sp = space(plans[0])
+    old = {k: v for k, v in default_values(plans[0], sp).items() if k != "unroll"}
+    assert sp.from_values(old)["unroll"] == 0
+    del old["tile_n"]
+    with pytest.raises(ModelcError, match="lacks knob 'tile_n'"):
+        sp.from_values(old)
+
+
 def sampled(name, n, seed):
     """`n` random valid annotations of each of the task's kernels."""
     rnd = random.Random(seed)

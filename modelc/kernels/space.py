@@ -46,6 +46,7 @@ class Knob:
     kind: str          # split | knob | reorder | annotate
     values: list
     doc: str = ""
+    absent: object = None   # what a config written before the knob existed means (None: no such config)
 
     def show(self, v) -> str:
         if self.kind == "split":
@@ -81,9 +82,11 @@ class ConfigSpace:
         perms = candidates if candidates is not None else [list(p) for p in itertools.permutations(axes)]
         self._add(Knob(name, "reorder", [list(p) for p in perms]))
 
-    def define_annotate(self, name, candidates):
-        """unroll / vectorize / parallel choices, e.g. ["none", "unroll"] or a list of axes."""
-        self._add(Knob(name, "annotate", list(candidates)))
+    def define_annotate(self, name, candidates, absent=None):
+        """unroll / vectorize / parallel choices, e.g. ["none", "unroll"] or a list of axes.
+        `absent`: the candidate that a config from before this knob existed stands for (its
+        records then still load: tuning logs outlive the versions that wrote them)."""
+        self._add(Knob(name, "annotate", list(candidates), absent=absent))
 
     # ---- indexing -------------------------------------------------------------------------
     def __len__(self):
@@ -108,9 +111,9 @@ class ConfigSpace:
         the candidates themselves, so a template only ever sees values it declared."""
         index, mult, chosen = 0, 1, {}
         for k in self.knobs:
-            if k.name not in values:
+            if k.name not in values and k.absent is None:
                 raise ModelcError(f"config lacks knob {k.name!r}")
-            v = values[k.name]
+            v = values.get(k.name, k.absent)
             v = list(v) if isinstance(v, tuple) else v
             i = next((j for j, c in enumerate(k.values) if _same(c, v)), None)
             if i is None:

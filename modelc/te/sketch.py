@@ -169,7 +169,7 @@ def space(p: KernelPlan) -> ConfigSpace:
         sp.define_annotate("k_unroll", [u for u in UNROLL if u <= last])
         steps = unroll_steps(p)
         if len(steps) > 1:
-            sp.define_annotate("unroll", steps)
+            sp.define_annotate("unroll", steps, absent=0)       # (logs of before it: not written out)
 
     def ok(cfg):
         v = cfg.values
