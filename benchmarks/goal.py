@@ -151,7 +151,7 @@ def report(r: dict) -> list:
     trials = sum(t for _, t, _, _ in r["rates"])
     secs = sum(s for _, _, s, _ in r["rates"])
     check = sum(c for *_, c in r["rates"])
-    cells.append(f"{100 * share:.0f}%" if len(b) > 1 else "-")
+    cells.append("-" if len(b) < 2 else f"{100 * share:.0f}%" if gain > 0 else "no gain")
     cells.append(f"{60 * trials / secs:.0f} ({check:.0f} s check)" if trials else "-")
     cells.append(f"{r['run_vs_kernels']:.2f} / {ms[f'tuned {b[-1]}'] / r['kernels_ms']:.2f} / "
                  f"{ms[f'tuned {b[-1]}'] / r['logged_ms']:.2f}")
