@@ -102,17 +102,23 @@ def test_epilogue_of_the_register_tile_is_vectorised():
     import numba
     from modelc.kernels import cache
     assert numba.config.SLP_VECTORIZE
-    wl = conv2d_wl(C=16, H=8, W=16, K=32, k=1, s=1, p=0, hin=0, hout=1, act="Clip")
+    wl = conv2d_wl(C=16, H=8, W=15, K=32, k=1, s=1, p=0, hin=0, hout=1, act="Clip")
     tpl = template.select(wl)
-    kernel = tpl.build(wl, tpl.default_config(wl, tpl.space(wl)))
-    # a source of its own, so numba compiles it here and keeps the assembly
-    fn = cache.load(kernel.source + f"# {uuid.uuid4().hex}\n")
-    asm = fn.cfunc._library.get_asm_str()
-    assert asm.count("vfmadd") > 0
-    scalar = [op for op in ("vaddss", "vmaxss", "vminss", "vmovss") if op in asm]
-    assert not scalar, f"scalar instructions in the epilogue: {scalar}"
-    got, want, _, _ = testing.run(wl, tpl, tpl.default_config(wl, tpl.space(wl)))
-    assert testing.max_rel_error(got, want) <= 1e-5
+    space = tpl.space(wl)
+    # whole tiles (every pixel's store in one lane loop) and tiles shifted back over the row's end
+    # (15 % 4: a guarded loop per pixel)
+    for owt in (5, 4):
+        cfg = space.from_values(dict(tpl.default_config(wl, space).values, tile_ow=owt))
+        kernel = tpl.build(wl, cfg)
+        assert (" if ow0 + " in kernel.source) == (owt == 4)
+        # a source of its own, so numba compiles it here and keeps the assembly
+        fn = cache.load(kernel.source + f"# {uuid.uuid4().hex}\n")
+        asm = fn.cfunc._library.get_asm_str()
+        assert asm.count("vfmadd") > 0
+        scalar = [op for op in ("vaddss", "vmaxss", "vminss", "vmovss") if op in asm]
+        assert not scalar, f"scalar instructions in the epilogue of tile_ow {owt}: {scalar}"
+        got, want, _, _ = testing.run(wl, tpl, cfg)
+        assert testing.max_rel_error(got, want) <= 1e-5
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="reads x86 assembly")
