@@ -193,8 +193,8 @@ class Conv2d(Template):
         # (fast-math reassociates the bias and residual adds), a module's results changed from run to
         # run in the last bit (MobileNetV2's 1x1 conv 144 -> 24, blocks of 8 in tiles of 2).
         # The pixels every item owns share one loop over a block's lanes (a loop each compiled 1.2-1.6x
-        # slower to the same speed); a guarded pixel keeps a loop of its own (under its guard in
-        # one shared loop, LLVM left a 5 x 4-block tile's stores scalar: 2x slower).
+        # slower to the same speed); a guarded pixel keeps a loop of its own (under their guards in
+        # one shared loop, a 5-pixel x 4-block tile ran 2x slower).
         mine, guarded = [], []
         for rr in range(TOH):
             for r in range(OWT):
