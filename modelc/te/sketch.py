@@ -177,6 +177,7 @@ def space(p: KernelPlan) -> ConfigSpace:
         mr = v.get("tile_m", 1)
         if n >= 2 and mr > shape[row_axis(p, v)]:
             return False
+        row_tiles = -(-shape[row_axis(p, v)] // mr) if n >= 2 else 1
         rows = mr                               # register rows: tile_m x tile_m2
         r2 = v.get("row_axis2", -1)
         if r2 >= 0:
@@ -185,11 +186,10 @@ def space(p: KernelPlan) -> ConfigSpace:
             rows *= v["tile_m2"]
         elif v.get("tile_m2", 1) != 1:
             return False
-        if tiled and -(-shape[row_axis(p, v)] // mr) % v["m_group"]:
+        if tiled and row_tiles % v["m_group"]:
             return False                        # grouped tiles never repeat a tile
         if n >= 2 and v["order"][0] == "n":     # the same kernel as rows first, unless both repeat
             nr = 1 if v.get("vectorize") == "reduce" else min(v["tile_n"], inner)
-            row_tiles = -(-shape[row_axis(p, v)] // min(mr, shape[row_axis(p, v)]))
             if -(-inner // nr) == 1 or row_tiles // v.get("m_group", 1) == 1:
                 return False
         if v.get("vectorize") == "reduce":       # one output per row: no column tiles, no k blocks

@@ -214,13 +214,11 @@ class Measurer:
             if res is None:
                 res = _failure("build", failure, self.opt.build_timeout, R.BUILD_TIMEOUT, R.COMPILE_ERROR)
             elif res["error"] == R.NO_ERROR:
-                # the first run after the builds waits for their threads to go idle and warms the
-                # cores up for 50 ms; the runs after it follow the runner's own timings, on cores
-                # already awake (a wait was a third of a run's 0.14 s, the warm-up another third;
-                # 40 timings each way read a median 0.998 of each other)
+                # the first run after the builds settles (worker.py); the runs after it follow the
+                # runner's own timings (a wait was a third of a run's 0.14 s)
                 run = dict(req, op="run", number=self.opt.number, repeat=self.opt.repeat,
                            min_repeat_ms=self.opt.min_repeat_ms, tolerance=self.opt.tolerance,
-                           cache_flush=self.opt.cache_flush, settle=settle, warmup_ms=50.0 if settle else 10.0)
+                           cache_flush=self.opt.cache_flush, settle=settle)
                 settle = False
                 res, failure = self.runner.call(run, self.opt.run_timeout)
                 if res is None:
