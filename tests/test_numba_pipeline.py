@@ -86,3 +86,25 @@ def test_operator_typing_is_memoised_only_while_a_kernel_compiles():
     for _ in range(2):
         assert theirs.get_call_type(ctx, (types.float64, types.float64), {}).return_type == types.float64
     assert len(calls) == 2 and not any(k[0] is theirs for k in numba_pipeline._memo)
+
+
+def _typing_error(pipeline) -> str:
+    def f(x):
+        y = x + 1
+        return y.no_such_attribute
+    with pytest.raises(numba.core.errors.TypingError) as e:
+        numba.njit(pipeline_class=pipeline)(f)(1.0)
+    return re.sub(r"\x1b\[[0-9;]*m", "", str(e.value))
+
+
+def test_errors_while_a_kernel_compiles_carry_numbas_context():
+    """`_ErrorContext` replaces numba's generator-based error context only while a kernel compiles,
+    and the message says what numba's says: where typing failed and in which pass."""
+    from numba.core import lowering, typeinfer
+    ours, full = _typing_error(numba_pipeline.KernelCompiler), _typing_error(FullPipeline)
+    assert "During: typing of get attribute" in ours and "During: Pass nopython_type_inference" in ours
+    assert ours.replace("modelc kernel mode", "nopython mode") == full       # (the pipeline's name)
+    assert numba_pipeline._active == 0
+    for m in (lowering, typeinfer):
+        ctx = m.new_error_context("x {loc}", loc=None)
+        assert not isinstance(ctx, numba_pipeline._ErrorContext)        # numba's own outside kernels
