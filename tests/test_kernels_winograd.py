@@ -149,3 +149,21 @@ def test_every_output_is_stored_by_exactly_one_item():
         assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
         writers = testing.stores_per_output(fn, args)
         assert writers.min() == 1 and writers.max() == 1, (str(cfg), np.bincount(writers))
+
+
+def test_the_weight_transform_is_reused_only_for_the_same_weights():
+    """Candidates of one task share the transformed weights; new values (even written into the
+    same array) are transformed again."""
+    from modelc.kernels.winograd import transformed_weights
+    w = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
+
+    def exact(w, m):
+        G = np.array(MATRICES[m]["G"], np.float64)
+        return np.einsum("ik,ockl,jl->ijoc", G, w.astype(np.float64), G).astype(np.float32)
+
+    u = transformed_weights(w, 4)
+    assert transformed_weights(w.copy(), 4) is u
+    assert np.array_equal(u, exact(w, 4))
+    assert np.array_equal(transformed_weights(w, 2), exact(w, 2))
+    w[0, 0, 1, 1] += 1.0
+    assert np.array_equal(transformed_weights(w, 4), exact(w, 4))
