@@ -241,3 +241,49 @@ def test_a_corrupt_line_in_the_middle_is_skipped_with_a_counted_warning(tmp_path
                    + _rec_line("c"))
     with pytest.warns(UserWarning, match=r"skipped 2 corrupt or foreign line\(s\) in .*log.jsonl"):
         assert [r.key for r in load_records(str(log))] == ["a", "b", "c"]
+
+
+@register
+class SizedRelu(FaultyRelu):
+    """Relu with `pad` idle lines: kernels of known lengths (and one that kills its builder)."""
+    name = "test_sized_relu"
+
+    def space(self, wl):
+        s = ConfigSpace()
+        s.define_knob("pad", [0, 20, 5, 10, -1])
+        return s
+
+    def build(self, wl, cfg):
+        if cfg["pad"] < 0:
+            os.abort()
+        n = wl.outputs[0].size
+        body = [f"x{k} = {k}.0" for k in range(cfg["pad"])]
+        body += [f"for i in prange({n}):", "    out0[i] = max(in0[i], 0.0)"]
+        return Kernel(source(["in0", "out0"], ["float32", "float32"], body), ["in0", "out0"])
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_a_rounds_longest_kernels_are_built_first(crash):
+    """With more candidates than builders, the builders first count each kernel's lines and then
+    build the longest first (a long compile started last kept the other builder idle). A kernel
+    whose writing kills the builder costs its own record, not the others'."""
+    m = Measurer(_options())
+    task = _task(SizedRelu())
+    pads = [0, 20, 5, 10] + ([-1] if crash else [])
+    sent = []
+    call = m.builders[0].call
+
+    def spy(req, timeout):
+        if req["op"] == "build":
+            sent.append(req["config"]["pad"])
+        return call(req, timeout)
+    m.builders[0].call = spy
+    try:
+        recs = m.measure(task, [task.space.from_values({"pad": p}) for p in pads], R.current_target())
+    finally:
+        m.close()
+    assert [r.error for r in recs] == [R.NO_ERROR] * 4 + [R.COMPILE_ERROR] * crash
+    if crash:           # the builder died counting lines: no order known, the round is built as given
+        assert sent == pads
+    else:
+        assert sent == [20, 10, 5, 0]

@@ -50,6 +50,8 @@ def _handle(req: dict, refs: dict) -> dict:
 
     if req["op"] == "ping":
         return _ping(req)
+    if req["op"] == "lines":            # the parent orders a round's builds, longest first
+        return {"error": 0, "lines": [_lines(r) for r in req["requests"]]}
     try:                                  # a config the template cannot instantiate fails its build
         wl = view(req["workload"])
         tpl = _template(req["template"], req.get("module"))
@@ -89,6 +91,17 @@ def _handle(req: dict, refs: dict) -> dict:
     except Exception as e:
         return {"error": R.RUNTIME_ERROR, "msg": _message(e)}
     return {"error": R.NO_ERROR, "costs": costs}
+
+
+def _lines(req: dict) -> int:
+    """The length in lines of the kernel a build request would compile (0 if it cannot be written)."""
+    from ..te.workload import view
+    try:
+        wl = view(req["workload"])
+        tpl = _template(req["template"], req.get("module"))
+        return tpl.build(wl, tpl.space(wl).from_values(req["config"])).source.count("\n")
+    except Exception:
+        return 0
 
 
 def cold_arrays(wl, names: list, arrays: list) -> list:
