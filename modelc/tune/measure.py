@@ -255,7 +255,7 @@ class Measurer:
             w.close()
 
 
-SIZE_TIMEOUT = 10.0     # seconds for a builder to write a round's sources (they take milliseconds)
+LINES_TIMEOUT = 10.0     # seconds for a builder to write a round's sources (they take milliseconds)
 
 
 def _lines(worker, reqs: list) -> dict:
@@ -263,7 +263,7 @@ def _lines(worker, reqs: list) -> dict:
     (0 where it could not: that build fails on its own)."""
     if not reqs:
         return {}
-    res, _ = worker.call({"op": "lines", "requests": [r for _, r in reqs]}, SIZE_TIMEOUT)
+    res, _ = worker.call({"op": "lines", "requests": [r for _, r in reqs]}, LINES_TIMEOUT)
     got = res.get("lines") if res is not None else None
     if not isinstance(got, list) or len(got) != len(reqs):
         got = [0] * len(reqs)
