@@ -71,6 +71,32 @@ def test_index_arithmetic_is_folded_and_one_trip_loops_dropped():
     assert "range(0, 1)" not in src and "* np.int64(1)" not in src and "- np.int64(0)" not in src
 
 
+def test_constant_sums_in_indices_are_folded_to_the_same_values():
+    """A padded conv reads row `(oh * 2 + kh) - 3` of a buffer whose halo adds the 3 back: the
+    kernel computes `oh * 2 + kh`; constants combine wherever they meet, and the values agree with
+    the expression as written (integers wrap, so reassociating sums keeps them)."""
+    from modelc.te.codegen import _Emitter, _reassociate
+    from modelc.te.expr import Binary, Const, Var
+    oh, kh = Var("oh", 0, 9, "spatial"), Var("kh", 0, 3, "reduce")
+    c = lambda v: Const(v, "int64")                              # noqa: E731
+    row = Binary("+", Binary("-", Binary("+", Binary("*", oh, c(2), "int64"), kh, "int64"), c(3), "int64"),
+                 c(3), "int64")
+    env = {id(oh): "oh", id(kh): "kh"}
+    text = _Emitter({}, set())(row, env)
+    assert "3" not in text and "oh" in text and "kh" in text
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a, b, k = (int(x) for x in rng.integers(-50, 50, 3))
+        e = Binary("-", Binary("+", Binary("*", c(a), c(b), "int64"), oh, "int64"), c(k), "int64")
+        e = Binary("+", e, c(7), "int64")
+        for v in (0, 4, 8):
+            want = a * b + v - k + 7
+            assert eval(_Emitter({}, set())(e, {id(oh): "oh"}), {"np": np, "oh": v}) == want
+    x = lambda v: Const(v, "float32")                            # noqa: E731
+    f = Binary("+", Binary("-", x(2.5), x(1.0), "float32"), x(1.0), "float32")    # floats: as written
+    assert _reassociate(f) is f
+
+
 def test_unroll_writes_out_small_reductions_and_row_tiles_are_written_out():
     """After Ansor's auto_unroll_max_step: a depthwise 3x3's nine taps are written out inside one
     lane loop by default (no loop over the window: the accumulators stay in registers); a conv's

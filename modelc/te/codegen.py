@@ -71,6 +71,9 @@ class _Emitter:
             ref = f"{self.names[id(e.tensor)]}[{offset(idx, shape)}]"
             return f"h2f({ref})" if e.tensor.dtype == "float16" else ref
         if isinstance(e, Binary):
+            folded = _reassociate(e)
+            if folded is not e:
+                return self(folded, env)
             a, b = self(e.a, env), self(e.b, env)
             if e.a.dtype == e.b.dtype == e.dtype and np.dtype(e.dtype).kind in "iu":
                 folded = _fold(e.op, a, b, str(e.dtype))
@@ -111,6 +114,26 @@ def _fold(op: str, a: str, b: str, dtype: str) -> str | None:
     if op == "-" and y == 0:
         return a
     return None
+
+
+def _reassociate(e: Binary):
+    """An integer `(x + c1) - c2` as `x + (c1 - c2)` and `c1 * c2` as its value: a padded conv's
+    input row is `(oh * 2 + kh) - 3` read from a buffer whose halo adds 3 back, and numba types and
+    lowers each of the operations before LLVM folds them. Integers wrap around, so the sums are
+    the same values; `e` itself where nothing folds."""
+    if np.dtype(e.dtype).kind not in "iu" or e.op not in ("+", "-", "*") or not e.a.dtype == e.dtype == e.b.dtype:
+        return e
+    a, b = e.a, e.b
+    try:
+        if isinstance(a, Const) and isinstance(b, Const):
+            return Const({"+": a.value + b.value, "-": a.value - b.value, "*": a.value * b.value}[e.op], e.dtype)
+        if (e.op != "*" and isinstance(b, Const) and isinstance(a, Binary) and a.op in ("+", "-")
+                and isinstance(a.b, Const) and a.dtype == e.dtype):
+            c = (a.b.value if a.op == "+" else -a.b.value) + (b.value if e.op == "+" else -b.value)
+            return a.a if c == 0 else Binary("+" if c > 0 else "-", a.a, Const(abs(c), e.dtype), e.dtype)
+    except (OverflowError, ModelcError):    # a constant the dtype cannot hold: left as written
+        pass
+    return e
 
 
 def _call(e: Call, a: list) -> str:
