@@ -97,6 +97,24 @@ def test_constant_sums_in_indices_are_folded_to_the_same_values():
     assert _reassociate(f) is f
 
 
+def test_an_offset_the_rows_of_a_tile_share_is_computed_once_per_lane():
+    """The rows of a register tile read the same weight offset (and a depthwise window's taps
+    overlapping inputs): each lane loop names such an offset once, before its updates, and the
+    kernel still matches the reference (test_te.py checks every plan's values)."""
+    import re
+    from modelc.te.codegen import _offsets
+    (conv,) = modelc.SearchTask(func=W.conv2d, args=(1, 8, 10, 10, 16, 3, 1, 1, 1)).plans
+    sp = space(conv)
+    v = next(sp.get(i).values for i in range(len(sp)) if sp.is_valid(sp.get(i)) and sp.get(i).values["tile_m"] >= 2)
+    src, _ = kernel_source(conv, v)
+    loops = re.findall(r"for jj in range\(\d+\):\n((?:\s+(?:acc|o__)\S*.*\n)+)", src)
+    assert loops and "o__0 = np.uintp(" in src
+    for body in loops:
+        offs = [o for ln in body.splitlines() if ln.strip().startswith("acc[") for o in _offsets(ln)]
+        shared = [o for o in set(offs) if offs.count(o) > 1 and not re.fullmatch(r"np\.uintp\(\w+\)", o)]
+        assert not shared, shared
+
+
 def test_unroll_writes_out_small_reductions_and_row_tiles_are_written_out():
     """After Ansor's auto_unroll_max_step: a depthwise 3x3's nine taps are written out inside one
     lane loop by default (no loop over the window: the accumulators stay in registers); a conv's

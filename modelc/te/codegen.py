@@ -165,6 +165,25 @@ def offset(idx: list, shape) -> str:
     return f"np.uintp({' + '.join(terms) or '0'})"
 
 
+_TRIVIAL = re.compile(r"np\.uintp\(\w+\)")        # an offset that is one name: nothing to share
+
+
+def _offsets(line: str) -> list:
+    """The `np.uintp(...)` offsets in a line of generated source, as written."""
+    out, i = [], line.find("np.uintp(")
+    while i >= 0:
+        depth = 0
+        for k in range(i + len("np.uintp"), len(line)):
+            depth += {"(": 1, ")": -1}.get(line[k], 0)
+            if depth == 0:
+                out.append(line[i:k + 1])
+                break
+        else:
+            return out
+        i = line.find("np.uintp(", k + 1)
+    return out
+
+
 def kernel_source(p: KernelPlan, values: dict | None = None) -> tuple[str, list]:
     """(source, tensors): the kernel module under the annotation `values` (knob values of
     sketch.space; None: its default), and the tensors bound to its arguments, in order."""
@@ -235,6 +254,7 @@ class _Nest:
                 if (a0.hi - a0.lo) % kb:
                     raise ModelcError(f"k_block {kb} does not divide the reduce extent {a0.hi - a0.lo}")
                 self.KB = kb
+        self.n_offsets = 0                            # offsets named by _shared
         self.nrows = self.MR * self.MR2
         self.tile = self.nrows * (self.U * lanes if self.vred else self.NR)
 
@@ -319,6 +339,29 @@ class _Nest:
         at = self.g * self.tile + (m * self.U * self.L + q * self.L if self.vred else m * self.NR)
         return f"{at} + jj" if at else "jj"
 
+    def _shared(self, rows: list) -> list:
+        """A lane loop's body with each offset that two of its updates compute named once, first:
+        the rows of a register tile read the same weights (and neighbouring taps the same inputs),
+        and numba types and lowers every copy of an offset before LLVM's CSE merges them (a 7x7
+        conv's input offset is ~15 operations). The body holds only accumulator updates, so an
+        offset computed at its top has the values it has where it stood."""
+        calls = [_offsets(r) for r in rows]
+        counts: dict = {}
+        for cs in calls:
+            for c in set(cs):
+                counts[c] = counts.get(c, 0) + 1
+        named = {}
+        shared = [c for c, k in counts.items() if k > 1 and not _TRIVIAL.fullmatch(c)]
+        for c in sorted(shared, key=len, reverse=True):
+            named[c] = f"o__{self.n_offsets}"
+            self.n_offsets += 1
+        out = [f"{n} = {c}" for c, n in named.items()]
+        for r in rows:
+            for c, n in named.items():
+                r = r.replace(c, n)
+            out.append(r)
+        return out
+
     def _update(self, a: str, val: str) -> str:
         op = self.p.reduce.op
         if op == "sum":
@@ -341,19 +384,17 @@ class _Nest:
 
         def step(ind, at=None):
             env_k = envs if at is None else [{**e, id(axes[last]): at} for e in envs]
-            lines = [f"{ind}for jj in range({self.NR}):"]
-            for m, env in enumerate(env_k):
-                lines.append(f"{ind}    {self._update(f'acc[{self._acc(m)}]', self.emit.reduced(red.source, env))}")
-            return lines
+            rows = [self._update(f'acc[{self._acc(m)}]', self.emit.reduced(red.source, env))
+                    for m, env in enumerate(env_k)]
+            return [f"{ind}for jj in range({self.NR}):", *(ind + "    " + ln for ln in self._shared(rows))]
 
         if self.unrolled:               # the whole reduction written out, inside one lane loop
-            out.append(f"for jj in range({self.NR}):")
+            rows = []
             for taps in itertools.product(*(range(a.lo, a.hi) for a in axes)):
                 at = {id(a): str(t) for a, t in zip(axes, taps)}
-                for m, env in enumerate(envs):
-                    val = self.emit.reduced(red.source, {**env, **at})
-                    out.append(f"    {self._update(f'acc[{self._acc(m)}]', val)}")
-            return out
+                rows += [self._update(f'acc[{self._acc(m)}]', self.emit.reduced(red.source, {**env, **at}))
+                         for m, env in enumerate(envs)]
+            return [f"for jj in range({self.NR}):", *("    " + ln for ln in self._shared(rows))]
         for k, a in enumerate(axes):
             if k in one:
                 continue
