@@ -158,6 +158,12 @@ class _Context:
             if not inplace:
                 np.copyto(buf.reshape(x.shape), x)
 
+    def execute(self):
+        """Run the kernels once, in order."""
+        with _launch_guard():
+            for call in self.program:
+                call()
+
     def unbind(self):
         """Point the argument words back at the context's own buffers: a caller's array may be
         freed once `run` returns, and nothing may read it after."""
@@ -292,9 +298,7 @@ class Module:
         ctx = self._acquire()
         try:
             ctx.feed(xs)
-            with _launch_guard():
-                for call in ctx.program:
-                    call()
+            ctx.execute()
             out = {}
             for name, shape, spec in self._out:
                 t = self._tensors[name]
@@ -374,9 +378,7 @@ class Module:
         try:
             if xs is not None:
                 ctx.feed(xs, bind=False)      # the buffers hold this input's values while kernels are timed
-                with _launch_guard():
-                    for call in ctx.program:
-                        call()
+                ctx.execute()
             times = [[] for _ in ctx.calls]
             for _ in range(repeat):
                 k = 0

@@ -44,7 +44,6 @@ def _ping(req: dict) -> dict:
 
 def _handle(req: dict, refs: dict) -> dict:
     from ..kernels import cache, testing
-    from ..te.workload import view
     from . import cache_flush, timing
     from . import records as R
 
@@ -53,10 +52,7 @@ def _handle(req: dict, refs: dict) -> dict:
     if req["op"] == "lines":            # the parent orders a round's builds, longest first
         return {"error": 0, "lines": [_lines(r) for r in req["requests"]]}
     try:                                  # a config the template cannot instantiate fails its build
-        wl = view(req["workload"])
-        tpl = _template(req["template"], req.get("module"))
-        cfg = tpl.space(wl).from_values(req["config"])
-        kernel = tpl.build(wl, cfg)
+        wl, kernel = _kernel(req)
         fn = cache.load(kernel.source)
     except Exception as e:
         return {"error": R.COMPILE_ERROR, "msg": _message(e)}
@@ -93,13 +89,18 @@ def _handle(req: dict, refs: dict) -> dict:
     return {"error": R.NO_ERROR, "costs": costs}
 
 
+def _kernel(req: dict):
+    """(workload, generated kernel) of a build or run request."""
+    from ..te.workload import view
+    wl = view(req["workload"])
+    tpl = _template(req["template"], req.get("module"))
+    return wl, tpl.build(wl, tpl.space(wl).from_values(req["config"]))
+
+
 def _lines(req: dict) -> int:
     """The length in lines of the kernel a build request would compile (0 if it cannot be written)."""
-    from ..te.workload import view
     try:
-        wl = view(req["workload"])
-        tpl = _template(req["template"], req.get("module"))
-        return tpl.build(wl, tpl.space(wl).from_values(req["config"])).source.count("\n")
+        return _kernel(req)[1].source.count("\n")
     except Exception:
         return 0
 
