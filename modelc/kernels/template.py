@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import ModelcError
 from .expr import SUPPORTED, ctor, emit, lit
+from .offsets import share_offsets
 from .intrinsics import FASTMATH, helpers
 from .layout import offset, uoffset
 from .space import Config, ConfigSpace
@@ -137,7 +138,7 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
     slower.
     """
     lines, total = _chunked(body)
-    lines = hoist_literals(lines)
+    lines = hoist_literals(share_offsets(lines))
     params = ", ".join(f"ptr__{k}, len__{k}" for k in range(len(args)))
     bad = [np.dtype(d).name for d in dtypes if np.dtype(d).name not in _NB]
     if bad:
