@@ -84,3 +84,30 @@ def test_conv_dense_and_pool_templates_declare_their_parallel_loop():
         t = template.get(name)
         src = t.build(wl, t.default_config(wl, t.space(wl))).source
         assert "in range(lo, hi):" in src and "in prange(" not in src, name
+
+
+def test_arrays_a_kernel_only_indexes_are_pointers():
+    """numba lowers an array access through its struct every time; a pointer's is one load. Only
+    arrays the body does nothing but index become pointers."""
+    from modelc.kernels.template import pointers
+
+    body = ["acc = carray(stack_empty(16, np.float32), 16)",
+            "buf = carray(stack_empty(8, np.float32), 8)",
+            "for q in range(16):",
+            "    acc[q] = in0[q] * w[q] + np.sum(buf)",
+            "out0[np.uintp(1)] = acc[1] + in1.shape[0] + f(in2)"]
+    lines, direct = pointers(body, ["out0", "in0", "w", "in1", "in2", "unused"], ["float32"] * 6)
+    assert direct == {"out0", "in0", "w"}
+    assert pointers(body, ["out0", "in0"], ["bool", "float32"])[1] == {"in0"}   # stored as bytes
+    assert lines[0] == "acc = stack_empty(16, np.float32)" and lines[1] == body[1]   # buf is passed on
+    assert lines[2:] == body[2:]
+
+
+def test_templates_index_pointers_and_stack_memory():
+    from modelc.kernels import template, templates  # noqa: F401
+    from test_kernels_target import conv
+
+    wl = conv(16, 8, 32)
+    t = template.get("conv2d")
+    src = t.build(wl, t.default_config(wl, t.space(wl))).source
+    assert "    out0 = ptr__0" in src and "acc = stack_empty(" in src and "carray(" not in src

@@ -2,8 +2,8 @@
 
 `np.zeros` inside a parallel loop goes through numba's runtime allocator and LLVM cannot keep
 the tile in registers; an `alloca` of a literal size can be promoted to registers. Use as
-`acc = carray(stack_empty(128, np.float32), 128)`; the memory lives until the function returns,
-so it must never escape.
+`acc = carray(stack_empty(128, np.float32), 128)` (`template.source` keeps just the pointer when the
+body only indexes it); the memory lives until the function returns, so it must never escape.
 """
 from numba import types
 from numba.core import cgutils

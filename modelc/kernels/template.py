@@ -159,11 +159,41 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
            f"@numba.cfunc(types.void({sig}, types.intp, types.intp), fastmath={FASTMATH if fastmath else False}, "
            "cache=True, boundscheck=False, error_model='numpy', pipeline_class=KernelCompiler)",
            f"def kernel({params}, lo, hi):"]
-    out += [f"    {a} = carray(ptr__{k}, len__{k})" for k, a in enumerate(args)]
+    lines, direct = pointers(lines, args, dtypes)
+    out += [f"    {a} = ptr__{k}" if a in direct else f"    {a} = carray(ptr__{k}, len__{k})"
+            for k, a in enumerate(args)]
     out += [f"    {name} = carray(ptr__{args.index(a)}, {tuple(shape)!r})"
             for name, (a, shape) in (views or {}).items()]
     out += ["    " + ln for ln in lines]
     return "\n".join(out) + "\n"
+
+
+_STACK_ARRAY = re.compile(r"^(\s*)(\w+) = carray\((stack_empty\((\d+), [\w.]+\)), \4\)$")
+
+
+def pointers(lines: list, args: list, dtypes: list) -> tuple[list, set]:
+    """The body with its stack arrays as raw pointers, and the arguments to pass as pointers: every
+    array the body only indexes (`a[i]`, never `a.shape` or `f(a)`).
+
+    numba lowers an array's element access through its struct (data, shape and strides unpacked,
+    a negative index wrapped around, the address computed) at every access, and LLVM then folds
+    most of it away again; a pointer's access is one address and one load or store. Kernels index
+    hundreds of times: their compiles took 0.54-0.87 of the time per template with the same
+    speed (docs/performance.md). Indices are offsets from the start: no template relies on a
+    negative index counting from the end. Booleans stay arrays: numba stores a pointer's element
+    in its register form (i1), not in memory's (a byte)."""
+    text = "\n".join(lines)
+
+    def indexed_only(name: str, defined: int = 0) -> bool:
+        uses = re.findall(rf"(?<![\w.]){re.escape(name)}\b(.?)", text)
+        return len(uses) > defined and all(c == "[" for c in uses[defined:])
+    out = []
+    for ln in lines:
+        m = _STACK_ARRAY.match(ln)
+        if m and "bool" not in m.group(3) and text.count(f"{m.group(2)} = ") == 1 and indexed_only(m.group(2), 1):
+            ln = f"{m.group(1)}{m.group(2)} = {m.group(3)}"
+        out.append(ln)
+    return out, {a for a, d in zip(args, dtypes) if np.dtype(d) != np.bool_ and indexed_only(a)}
 
 
 _LITERAL_CALL = re.compile(r"\bnp\.(float32|float64|uintp|intp|int64|int32)"

@@ -118,7 +118,7 @@ class SearchTask:
                     else f"{t.desc}: no record in {log}; the default schedule")
             src, _ = kernel_source(p, values)
             body = textwrap.dedent("\n".join(ln for ln in src[src.index("def kernel("):].splitlines()[1:]
-                                              if "carray(ptr__" not in ln))
+                                              if "ptr__" not in ln))
             out += [head, *("  " + s for s in steps(p, values)), "  loop nest:",
                     *("    " + ln for ln in body.splitlines()), ""]
         return "\n".join(out)
