@@ -18,34 +18,7 @@ is left as written.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
-
-_HEADS = ("for ", "while ", "if ", "elif ", "else", "with ")
-
-
-@dataclass
-class _Node:
-    line: int                              # index into the body's lines
-    children: list = field(default_factory=list)
-
-
-def _tree(lines: list) -> list:
-    """The body's lines as nested blocks by indentation (blank lines dropped)."""
-    root: list = []
-    stack = [(-1, root)]
-    for k, ln in enumerate(lines):
-        text = ln.strip()
-        if not text or text.startswith("#"):
-            continue
-        ind = len(ln) - len(ln.lstrip(" "))
-        while stack[-1][0] >= ind:
-            stack.pop()
-        node = _Node(k)
-        stack[-1][1].append(node)
-        if text.endswith(":") and text.startswith(_HEADS):
-            stack.append((ind, node.children))
-    return root
-
+import functools
 
 def _linear(node) -> tuple[dict, int] | None:
     """Integer arithmetic over names as ({atom: coefficient}, constant); products of two
@@ -127,74 +100,76 @@ def _base(key) -> str:
     return " + ".join(parts)
 
 
-def _names(key) -> set:
+@functools.lru_cache(maxsize=4096)
+def _names(key) -> frozenset:
     names = set(key[0])
     for a, _ in key[1]:
         names |= {n.id for n in ast.walk(ast.parse(a, mode="eval")) if isinstance(n, ast.Name)}
-    return names
+    return frozenset(names)
 
 
-def _assigned(tree: ast.AST) -> set:
-    out = set()
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-            out.add(n.id)
-    return out
+def _assigned(st) -> set:
+    """Names a simple statement binds (the body holds no `:=`: share_offsets checks)."""
+    if isinstance(st, ast.Assign):
+        targets = st.targets
+    elif isinstance(st, (ast.AugAssign, ast.AnnAssign, ast.For)):
+        targets = [st.target]
+    else:
+        return set()
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+_SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Pass, ast.Continue, ast.Break)
 
 
 class _Pass:
+    """One parse of the body; statements rewritten in place, bases inserted before lines."""
+
     def __init__(self, lines: list):
         self.lines = list(lines)
-        self.stmts: dict = {}              # line -> parsed statement (only those rewritten)
-        self.inserts: dict = {}            # line -> base definitions to put before it
+        self.rewrite: dict = {}             # line -> statement to write again
+        self.inserts: dict = {}             # line -> base definitions to put before it
         self.count = 0
+        self.bound: dict = {}               # id(statement) -> names it binds
 
-    def parse(self, k):
-        if k not in self.stmts:
-            try:
-                self.stmts[k] = ast.parse(self.lines[k].strip()).body[0]
-            except SyntaxError:
-                self.stmts[k] = None
-        return self.stmts[k]
+    def stores(self, st) -> set:
+        """Names a statement and what it holds bind (None: something that may do anything)."""
+        key = id(st)
+        if key not in self.bound:
+            if isinstance(st, (ast.For, ast.While, ast.If)):
+                out = _assigned(st)
+                for ch in st.body + st.orelse:
+                    out |= self.stores(ch)
+            elif isinstance(st, _SIMPLE):
+                out = _assigned(st)
+            else:
+                out = {None}
+            self.bound[key] = out
+        return self.bound[key]
 
-    def subtree(self, node: _Node, uses: list, pos: int, assigned: set, loops: bool):
-        """Offsets (uses) and assigned names of a block element and what it holds; statements in
-        loops count for assignments only (their loop is a block of its own)."""
-        text = self.lines[node.line].strip()
-        if node.children:
-            is_loop = text.startswith(("for ", "while "))
-            if is_loop:
-                head = text[:-1] + ": pass"
-                try:
-                    assigned |= _assigned(ast.parse(head))
-                except SyntaxError:
-                    assigned.add(None)
-            for ch in node.children:
-                self.subtree(ch, uses, pos, assigned, loops or is_loop)
+    def element(self, st, uses: list, pos: int):
+        """The offsets in a block element (loops inside it are blocks of their own)."""
+        if isinstance(st, ast.If):
+            for ch in st.body + st.orelse:
+                self.element(ch, uses, pos)
             return
-        st = self.parse(node.line)
-        if st is None:
-            assigned.add(None)              # unknown: nothing may move across it
-            return
-        assigned |= _assigned(st)
-        if loops:
+        if not isinstance(st, (ast.Assign, ast.AugAssign, ast.Expr)) or st.end_lineno != st.lineno \
+                or "np.uintp(" not in self.lines[st.lineno - 1]:
             return
         for n in ast.walk(st):
             if isinstance(n, ast.Subscript):
                 r = _offset(n.slice)
                 if r is not None:
-                    uses.append((pos, node.line, n, *r))
+                    uses.append((pos, st, n, *r))
 
-    def block(self, nodes: list):
-        uses, assigned = [], []
-        for pos, node in enumerate(nodes):
-            names: set = set()
-            self.subtree(node, uses, pos, names, False)
-            assigned.append(names)
+    def block(self, stmts: list):
+        uses = []
+        for pos, st in enumerate(stmts):
+            self.element(st, uses, pos)
+        assigned = [self.stores(st) for st in stmts]
         groups: dict = {}
         for u in uses:
             groups.setdefault(u[3], []).append(u)
-        indent = None
         for key, us in groups.items():
             if len(us) < 2:
                 continue
@@ -202,43 +177,55 @@ class _Pass:
             touched = set().union(*assigned[p0:p1 + 1])
             if None in touched or touched & _names(key):
                 continue
-            first = nodes[p0].line
-            ln = self.lines[first]
-            indent = ln[:len(ln) - len(ln.lstrip(" "))]
+            first = stmts[p0]
             name = f"b__{self.count}"
             self.count += 1
-            self.inserts.setdefault(first, []).append(f"{indent}{name} = {_base(key)}")
-            for _, _, sub, _, const in us:
-                text = name if const == 0 else f"{name} + np.uintp({const})"
-                sub.slice = ast.parse(text, mode="eval").body
-            for _, line, _, _, _ in us:
-                self.stmts[line].modified = True
-        for node in nodes:                 # loops (and ifs' loops) are blocks of their own
-            self.nested(node)
+            self.inserts.setdefault(first.lineno - 1, []).append(
+                f"{self.indent(first)}{name} = {_base(key)}")
+            for _, st, sub, _, const in us:
+                sub.slice = ast.Name(name, ast.Load())
+                if const:
+                    k = ast.Call(ast.Attribute(ast.Name("np", ast.Load()), "uintp", ast.Load()),
+                                 [ast.Constant(const)], [])
+                    sub.slice = ast.BinOp(sub.slice, ast.Add(), k)
+                self.rewrite[st.lineno - 1] = st
+        for st in stmts:                    # loops, also inside ifs, are blocks of their own
+            self.nested(st)
 
-    def nested(self, node: _Node):
-        if not node.children:
-            return
-        if self.lines[node.line].strip().startswith(("for ", "while ")):
-            self.block(node.children)
-        else:
-            for ch in node.children:
+    def nested(self, st):
+        if isinstance(st, (ast.For, ast.While)):
+            self.block(st.body)
+            if st.orelse:
+                self.block(st.orelse)
+        elif isinstance(st, ast.If):
+            for ch in st.body + st.orelse:
                 self.nested(ch)
+
+    def indent(self, st) -> str:
+        ln = self.lines[st.lineno - 1]
+        return ln[:len(ln) - len(ln.lstrip(" "))]
 
     def result(self) -> list:
         out = []
         for k, ln in enumerate(self.lines):
             out += self.inserts.get(k, [])
-            st = self.stmts.get(k)
-            if st is not None and getattr(st, "modified", False):
-                ln = ln[:len(ln) - len(ln.lstrip(" "))] + ast.unparse(st)
-            out.append(ln)
+            st = self.rewrite.get(k)
+            out.append(ln if st is None else self.indent(st) + ast.unparse(st))
         return out
 
 
 def share_offsets(lines: list) -> list:
-    """`lines` (a kernel body, 4-space indented) with offsets that differ by a constant sharing
-    one named base per block."""
+    """`lines` (a kernel body, one statement or block header a line) with offsets that differ by
+    a constant sharing one named base per block."""
+    text = "\n".join(lines)
+    if ":=" in text:
+        return list(lines)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return list(lines)                  # numba will say what is wrong with it
+    if len(tree.body) and tree.body[-1].end_lineno != len(lines) and lines and lines[-1].strip():
+        return list(lines)
     p = _Pass(lines)
-    p.block(_tree(p.lines))
+    p.block(tree.body)
     return p.result()
