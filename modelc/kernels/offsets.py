@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import functools
 
+
 def _linear(node) -> tuple[dict, int] | None:
     """Integer arithmetic over names as ({atom: coefficient}, constant); products of two
     non-constants, // and % are atoms (named by their text)."""
@@ -218,14 +219,13 @@ def share_offsets(lines: list) -> list:
     """`lines` (a kernel body, one statement or block header a line) with offsets that differ by
     a constant sharing one named base per block."""
     text = "\n".join(lines)
+    lines = text.split("\n")                # a line each, as the parser numbers them
     if ":=" in text:
-        return list(lines)
+        return lines
     try:
         tree = ast.parse(text)
     except SyntaxError:
-        return list(lines)                  # numba will say what is wrong with it
-    if len(tree.body) and tree.body[-1].end_lineno != len(lines) and lines and lines[-1].strip():
-        return list(lines)
+        return lines                        # numba will say what is wrong with it
     p = _Pass(lines)
     p.block(tree.body)
     return p.result()
