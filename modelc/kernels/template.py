@@ -17,9 +17,9 @@ import numpy as np
 
 from ..errors import ModelcError
 from .expr import SUPPORTED, ctor, emit, lit
-from .offsets import share_offsets
 from .intrinsics import FASTMATH, helpers
 from .layout import offset, uoffset
+from .offsets import share_offsets
 from .space import Config, ConfigSpace
 from .workload import Workload
 
