@@ -17,6 +17,11 @@ installed), and every module in alternating blocks, check each against onnxrunti
   (goal within 5%).
 
 Logs stay in --out, so a second run resumes and only re-times. The machine is shared: read ratios.
+
+`--isa avx2` on an AVX-512 host runs the whole benchmark again with numba compiling for AVX2 (the host's
+LLVM features less AVX-512 and its successors, so the target is 16 registers of 8 floats) and OpenVINO's
+oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA): an AVX2 machine's instruction set, not its caches or clocks.
+onnxruntime has no such switch and still runs its AVX-512 kernels, which makes its column a harder bar.
 """
 from __future__ import annotations
 
@@ -159,6 +164,19 @@ def report(r: dict) -> list:
     return cells
 
 
+# LLVM features an AVX2-only x86 CPU lacks (AVX-512 and what came with or after it)
+AFTER_AVX2 = ("avx512", "evex512", "amx", "avxvnni", "avxifma", "avxneconvert", "avx10")
+
+
+def run_as_avx2(argv: list):
+    """Start this script again compiling for AVX2 (numba reads its CPU features at import)."""
+    import llvmlite.binding as llvm
+    feats = ",".join("-" + f[1:] if f[1:].startswith(AFTER_AVX2) else f
+                     for f in llvm.get_host_cpu_features().flatten().split(","))
+    env = dict(os.environ, NUMBA_CPU_FEATURES=feats, ONEDNN_MAX_CPU_ISA="AVX2")
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], env)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", default=["resnet18", "mobilenet_v2", "transformer"])
@@ -166,13 +184,19 @@ def main(argv=None):
     p.add_argument("--out", default="bench_goal", help="folder of the tuning logs (resumed)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=200, help="timed calls per runtime")
+    p.add_argument("--isa", choices=["avx2"], help="compile for AVX2 on an AVX-512 host (see above)")
     args = p.parse_args(argv)
+    if args.isa == "avx2" and "-avx512f" not in os.environ.get("NUMBA_CPU_FEATURES", "").split(","):
+        run_as_avx2(sys.argv[1:] if argv is None else argv)
     import numba
     numba.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
     budgets = sorted(args.trials)
     t = current_target()
     print(f"CPU: {t.describe()}; {args.threads} threads; medians of alternating blocks, latency / reference")
+    if args.isa:
+        print(f"compiled for {args.isa.upper()} on this host; OpenVINO capped at it (ONEDNN_MAX_CPU_ISA), "
+              "onnxruntime on the host's full instruction set")
     head = ["model", "onnxruntime ms", "openvino/ort", "untuned/ort"] + \
         [f"tuned {n}/best peer" for n in budgets] + \
         [f"{budgets[0]}-trial share of gain", "trials/min", "module/kernels (same moments / profiled / logged)",

@@ -63,6 +63,13 @@ class Target:
         return self.fma_pipes * self.fma_latency
 
     @property
+    def broadcast_in_fma(self) -> bool:
+        """Whether an FMA reads a broadcast scalar straight from memory (AVX-512's embedded
+        broadcast). Elsewhere (AVX2) each broadcast is an instruction of its own on the load ports,
+        so a register tile wants two vectors of outputs per broadcast input, or the loads bound it."""
+        return "avx512f" in self.isa
+
+    @property
     def converts_half(self) -> bool:
         """Whether float16 converts to and from float32 in one instruction (x86's F16C, which came
         before AVX2 on Intel and AMD alike; AArch64): generated kernels then take float16 tensors

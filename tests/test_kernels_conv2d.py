@@ -154,3 +154,19 @@ def test_every_output_is_stored_by_exactly_one_item():
     assert testing.max_rel_error(got, want) <= 1e-5
     writers = testing.stores_per_output(fn, args)
     assert writers.min() == 1 and writers.max() == 1, np.bincount(writers)
+
+
+@pytest.mark.parametrize("act,reassoc", [("Relu", False), ("Clip", False), ("Swish", True)])
+def test_direct_conv_sums_in_order_unless_a_polynomial_needs_reassociation(act, reassoc):
+    """Allowed to reassociate, LLVM vectorised a tile's loop over input channels (horizontal sums)
+    instead of its output channels whenever it had unrolled that loop first: on AVX2, MobileNetV2's
+    1x1 convs ran 5-8x onnxruntime's time (docs/performance.md). The sigmoid polynomial of a SiLU
+    epilogue vectorises only with it, so that kernel keeps it."""
+    wl = conv2d_wl(C=16, H=2, W=28, K=96, k=1, s=1, p=0, hin=0, hout=1, act=act)
+    tpl = template.select(wl)
+    cfg = tpl.default_config(wl, tpl.space(wl))
+    src = tpl.build(wl, cfg).source
+    flags = next(ln for ln in src.splitlines() if ln.startswith("@numba.cfunc("))
+    assert ("'reassoc'" in flags) == reassoc and "'contract'" in flags
+    got, want, _, _ = testing.run(wl, tpl, cfg)
+    assert testing.max_rel_error(got, want) <= 1e-5

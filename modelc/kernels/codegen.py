@@ -108,12 +108,13 @@ def anchor_operands(wl: Workload) -> tuple[int, int, int | None]:
     return int(a[0][1:]), int(a[1][1:]), int(a[2][1:]) if has_bias else None
 
 
-def packed_kernel(wl: Workload, body: list, pack_weights: Callable, extra: list = ()) -> Kernel:
+def packed_kernel(wl: Workload, body: list, pack_weights: Callable, extra: list = (),
+                  reassoc: bool = True) -> Kernel:
     """The kernel of `body` over the anchor's data input, its weight packed by `pack_weights`
     (and its bias), the anchor's `extra` run-time inputs and the epilogue's inputs."""
     x_arg, w_arg, b_arg = anchor_operands(wl)
     args, dtypes = packed_args(wl, x_arg, b_arg is not None, extra)
-    return Kernel(source(args, dtypes, body), args, packer(w_arg, b_arg, pack_weights))
+    return Kernel(source(args, dtypes, body, reassoc=reassoc), args, packer(w_arg, b_arg, pack_weights))
 
 
 def worth_parallel(work: int, per_thread: int) -> bool:

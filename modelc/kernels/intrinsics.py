@@ -20,6 +20,10 @@ from numba.extending import intrinsic
 # Pad + Add kernel folded its -inf padding away and an ONNX attention case returned wrong values
 # (max error 0.2). Reassociation and contraction, which vectorising reductions and FMAs need, stay.
 FASTMATH = "{'afn', 'arcp', 'contract', 'nsz', 'reassoc'}"
+# Without reassociation: for kernels whose only reductions run along scalar loops (a direct
+# convolution's input channels), where LLVM, allowed to reorder sums, vectorised that loop instead
+# of the output channels' one (conv2d.py says why).
+FASTMATH_IN_ORDER = "{'afn', 'arcp', 'contract', 'nsz'}"
 
 
 # ---- intrinsics (imported by generated modules) ---------------------------------------------------
@@ -248,6 +252,12 @@ HELPERS = {"fast_erf": FAST_ERF, "fast_sigmoid32": FAST_SIGMOID, "pow_exact": PO
            "mod_exact": MOD_EXACT, "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "div_int": DIV_INT,
            "float_bits": FLOAT_BITS, "fmaximum": [imports("fmaximum")], "fminimum": [imports("fminimum")],
            "h2f": [imports("h2f")], "f2h": [imports("f2h")], "r16": [imports("r16")]}
+
+
+def calls_polynomial(body: list) -> bool:
+    """Whether kernel lines call an approximation written as a polynomial (erf, the sigmoid's exp),
+    whose vectorised form LLVM finds only when it may reassociate."""
+    return any(f"{name}(" in ln for ln in body for name in ("fast_erf", "fast_sigmoid32"))
 
 
 def helpers(body: list, defined: list = ()) -> list:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelcError
 from .expr import SUPPORTED, ctor, emit, lit
-from .intrinsics import FASTMATH, helpers
+from .intrinsics import FASTMATH, FASTMATH_IN_ORDER, helpers
 from .layout import offset, uoffset
 from .offsets import share_offsets
 from .space import Config, ConfigSpace
@@ -124,7 +124,7 @@ def get(name: str) -> Template:
 # ---- source helpers shared by the templates ---------------------------------------------------
 
 def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath: bool = True,
-           extra: list = (), views: dict | None = None) -> str:
+           extra: list = (), views: dict | None = None, reassoc: bool = True) -> str:
     """A complete kernel module: a serial `kernel` over items [lo, hi) of the body's parallel loops.
 
     Templates write the body as numba code over 1-d arrays named by `args`, with their parallel
@@ -135,8 +135,9 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
     `views` ({name: (arg, shape)}) are n-d arrays over an argument's memory. They are made from the
     argument's pointer, not by `arg.reshape`: numba's reshape leaves shape, strides and data in
     memory LLVM cannot see through, so a GEMM's accumulators were spilled and the kernel ran 4x
-    slower.
+    slower. `reassoc=False` compiles without reassociation (intrinsics.FASTMATH_IN_ORDER).
     """
+    flags = (FASTMATH if reassoc else FASTMATH_IN_ORDER) if fastmath else False
     lines, total = _chunked(body)
     lines = hoist_literals(share_offsets(lines))
     params = ", ".join(f"ptr__{k}, len__{k}" for k in range(len(args)))
@@ -156,7 +157,7 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
            "",
            # error_model='numpy': x / 0 gives inf as ONNX says, instead of raising (and the
            # zero check numba's default inserts would also stop the loop from vectorising)
-           f"@numba.cfunc(types.void({sig}, types.intp, types.intp), fastmath={FASTMATH if fastmath else False}, "
+           f"@numba.cfunc(types.void({sig}, types.intp, types.intp), fastmath={flags}, "
            "cache=True, boundscheck=False, error_model='numpy', pipeline_class=KernelCompiler)",
            f"def kernel({params}, lo, hi):"]
     lines, direct = pointers(lines, args, dtypes)
