@@ -105,6 +105,21 @@ def test_conv2d_default_on_avx2_keeps_the_pipes_and_load_ports_busy(C, H, K, k):
     assert not AVX2.broadcast_in_fma and AVX512.broadcast_in_fma
 
 
+def test_conv2d_space_leaves_out_tiles_that_spill():
+    """Accumulators + twice the weight vectors (+ the broadcast on AVX2) must fit the registers:
+    on AVX2 (blocks of 8) 6 x 2 and 2 x 4 spilled and ran 2-3x slower than 7 x 1, 4 x 2 or 5 x 2."""
+    def tiles(tg, wl):
+        with target.use(tg):
+            sp, _ = default(wl, "conv2d", tg)
+            return {(c["tile_ow"], c["tile_oc_blocks"], c["tile_oh"]) for c in map(sp.get, sp.valid_indices())}
+    with target.use(AVX2):
+        small = tiles(AVX2, conv(512, 7, 512))
+    assert {(7, 1, 1), (4, 2, 1), (5, 2, 1), (1, 2, 4)} <= small
+    assert not {(6, 2, 1), (3, 2, 2), (2, 4, 1), (3, 4, 1)} & small
+    big = tiles(AVX512, conv(64, 56, 64))
+    assert {(14, 1, 1), (7, 1, 1), (14, 2, 1), (28, 1, 1)} <= big and (7, 4, 1) not in big
+
+
 @pytest.mark.parametrize("C,H,K,k,s", RESNET[:5])
 def test_winograd_default_fits_the_registers(C, H, K, k, s):
     if s != 1:

@@ -84,10 +84,19 @@ class Conv2d(Template):
         # 1x1 trials (333 of 701 in a 1,000-trial log) had measured a kernel again under another name
         order_moot, unroll_moot = g.KH == 1 or g.C // g.cb == 1, g.KW == 1
 
+        # registers a tile holds: its accumulators, its weight vectors twice over (LLVM loads the
+        # next input channel's while the FMAs of this one run) and, without AVX-512's broadcast
+        # operand, the broadcast input. On AVX2 the tiles past 16 all spilled, 2-3x slower (8 x 1
+        # accumulators with 4 weight vectors: 48 stack accesses in the loop; ResNet-18's 7x7 conv),
+        # and no task's best on AVX-512 (115 of five models) needed more than 30 of 32.
+        extra = 0 if tg.broadcast_in_fma else 1
+
         def valid(cfg):
             if order_moot and cfg["reduction_order"][0] != "c" or unroll_moot and cfg["unroll_kw"]:
                 return False
-            return cfg["tile_ow"] * cfg["tile_oh"] * -(-cfg["tile_oc_blocks"] * kb // lanes) <= most
+            wvec = -(-cfg["tile_oc_blocks"] * kb // lanes)
+            acc = cfg["tile_ow"] * cfg["tile_oh"] * wvec
+            return acc <= most and acc + 2 * wvec + extra <= tg.vector_registers
         sp.constraint = valid
         return sp
 
