@@ -38,10 +38,11 @@ def _asm(source: str, pipeline) -> str:
     conv2d_wl(16, 9, 9, 32, 3, 1, 1, 1, 0),                          # register tile, packed weights
     dw_wl(32, 10, res=True),                                          # depthwise, clip, residual
     dense_wl((3, 40), 24, epi=("Gelu",)),                             # an inline='always' helper
-], ids=["conv2d", "depthwise", "dense_gelu"])
-def test_kernels_compile_to_the_same_machine_code_as_the_full_pipeline(wl):
+    conv2d_wl(16, 12, 12, 32, 3, 1, 1, 1, 0),                       # Winograd (below)
+], ids=["conv2d", "depthwise", "dense_gelu", "winograd"])
+def test_kernels_compile_to_the_same_machine_code_as_the_full_pipeline(wl, request):
     wl = Workload(wl) if isinstance(wl, dict) else wl
-    tpl = select(wl)
+    tpl = get("conv2d_winograd") if request.node.callspec.id == "winograd" else select(wl)
     kernel = tpl.build(wl, tpl.default_config(wl, tpl.space(wl)))
     assert "pipeline_class=KernelCompiler" in kernel.source
     assert _asm(kernel.source, numba_pipeline.KernelCompiler) == _asm(kernel.source, FullPipeline)
@@ -108,3 +109,32 @@ def test_errors_while_a_kernel_compiles_carry_numbas_context():
     for m in (lowering, typeinfer):
         ctx = m.new_error_context("x {loc}", loc=None)
         assert not isinstance(ctx, numba_pipeline._ErrorContext)        # numba's own outside kernels
+
+
+def test_the_bytecode_rewrites_are_skipped_only_for_code_they_cannot_change():
+    def plain(a, n):
+        s = 0.0
+        for i in range(n):
+            if a[i] > 0:
+                s += a[i] * 2.0
+        return s
+
+    def with_block(a):
+        with a:
+            return 1
+
+    def try_block(a):
+        try:
+            return a[0]
+        except IndexError:
+            return 0
+
+    def star_call(f, a):
+        return f(*a)
+
+    def dict_display(a):
+        return {"a": a, **a}
+
+    assert not numba_pipeline.needs_peepholes(plain.__code__)
+    for f in (with_block, try_block, star_call, dict_display):
+        assert numba_pipeline.needs_peepholes(f.__code__), f.__name__

@@ -14,6 +14,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -191,6 +192,26 @@ def kernel_of(mod) -> launch.CompiledKernel:
 def load(source: str) -> launch.CompiledKernel:
     """The compiled kernel of generated `source` (compiling it if not cached)."""
     return kernel_of(_module(source))
+
+
+_FILE_NAME = re.compile(r"k_[0-9a-f]{24}\.py")
+
+
+def load_file(name: str) -> launch.CompiledKernel | None:
+    """The compiled kernel of the cache file `name` (as `file_name` makes them), which another
+    process wrote; None if there is no such file or it does not hold the source its name is the
+    hash of (the caller then writes the source again)."""
+    if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
+        raise ModelcError(f"not a kernel file name: {str(name)[:80]!r}")
+    path = os.path.join(kernel_dir(), name)
+    if path not in _loaded:
+        try:
+            with open(path, encoding="utf-8") as f:
+                if file_name(f.read()) != name:
+                    return None
+        except (OSError, UnicodeDecodeError):
+            return None
+    return kernel_of(import_file(path))
 
 
 _WORKER = """\

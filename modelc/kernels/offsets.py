@@ -18,6 +18,7 @@ is left as written.
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 
 
@@ -117,7 +118,42 @@ def _assigned(st) -> set:
         targets = [st.target]
     else:
         return set()
-    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    out: set = set()
+    for t in targets:
+        _bound(t, out)
+    return out
+
+
+def _bound(target, out: set):
+    """The names an assignment target binds (a subscript or attribute binds none)."""
+    if isinstance(target, ast.Name):
+        out.add(target.id)
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for e in target.elts:
+            _bound(e, out)
+    elif isinstance(target, ast.Starred):
+        _bound(target.value, out)
+
+
+_LEAVES = (ast.Name, ast.Constant, ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+
+
+def _subscripts(node) -> list:
+    """The subscripts in a statement, in `ast.walk`'s order (breadth first), without visiting
+    the leaves that cannot hold one: ast.walk's generic fields made this pass most of a kernel's
+    source generation (tuning generates every candidate's source three times)."""
+    out, todo = [], collections.deque([node])
+    while todo:
+        n = todo.popleft()
+        if isinstance(n, ast.Subscript):
+            out.append(n)
+        for f in n._fields:
+            v = getattr(n, f, None)
+            if isinstance(v, list):
+                todo.extend(x for x in v if isinstance(x, ast.AST) and not isinstance(x, _LEAVES))
+            elif isinstance(v, ast.AST) and not isinstance(v, _LEAVES):
+                todo.append(v)
+    return out
 
 
 _SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Pass, ast.Continue, ast.Break)
@@ -157,11 +193,10 @@ class _Pass:
         if not isinstance(st, (ast.Assign, ast.AugAssign, ast.Expr)) or st.end_lineno != st.lineno \
                 or "np.uintp(" not in self.lines[st.lineno - 1]:
             return
-        for n in ast.walk(st):
-            if isinstance(n, ast.Subscript):
-                r = _offset(n.slice)
-                if r is not None:
-                    uses.append((pos, st, n, *r))
+        for n in _subscripts(st):
+            r = _offset(n.slice)
+            if r is not None:
+                uses.append((pos, st, n, *r))
 
     def block(self, stmts: list):
         uses = []

@@ -9,7 +9,9 @@ kernel).
 """
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -123,6 +125,22 @@ def get(name: str) -> Template:
 
 # ---- source helpers shared by the templates ---------------------------------------------------
 
+_sourceless = threading.local()
+
+
+@contextlib.contextmanager
+def without_source():
+    """Kernels built inside have an empty source: for a process that loads the compiled kernel by
+    its file name (a tuning runner, told it by the builder) and needs only the kernel's arguments
+    and weight packing - writing the source again was half of the runner's time per candidate."""
+    before = getattr(_sourceless, "on", False)
+    _sourceless.on = True
+    try:
+        yield
+    finally:
+        _sourceless.on = before
+
+
 def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath: bool = True,
            extra: list = (), views: dict | None = None, reassoc: bool = True) -> str:
     """A complete kernel module: a serial `kernel` over items [lo, hi) of the body's parallel loops.
@@ -137,6 +155,8 @@ def source(args: list, dtypes: list, body: list, parallel: bool = True, fastmath
     memory LLVM cannot see through, so a GEMM's accumulators were spilled and the kernel ran 4x
     slower. `reassoc=False` compiles without reassociation (intrinsics.FASTMATH_IN_ORDER).
     """
+    if getattr(_sourceless, "on", False):
+        return ""
     flags = (FASTMATH if reassoc else FASTMATH_IN_ORDER) if fastmath else False
     lines, total = _chunked(body)
     lines = hoist_literals(share_offsets(lines))

@@ -167,9 +167,11 @@ class Measurer:
         built: list = [self._prebuilt.pop(_request_key(r), None) for r in reqs] if self._prebuilt else \
             [None] * len(reqs)          # (past the warm-up nothing is prebuilt: no keys to make)
         todo = [i for i, b in enumerate(built) if b is None]
+        files: dict = {}
         if len(todo) > len(self.builders):
-            lines = self._on_builders(todo, lambda w, share: _lines(w, [(i, reqs[i]) for i in share]))
-            todo.sort(key=lambda i: -lines[i])
+            written = self._on_builders(todo, lambda w, share: _lines(w, [(i, reqs[i]) for i in share]))
+            todo.sort(key=lambda i: -written[i][0])
+            files = {i: f for i, (_, f) in written.items() if f is not None}
         queue = iter(todo)
         lock = threading.Lock()
         count = [0]
@@ -181,7 +183,8 @@ class Measurer:
                     i = next(queue, None)
                 if i is None:
                     return out
-                out[i] = worker.call(reqs[i], self.opt.build_timeout)
+                req = dict(reqs[i], file=files[i]) if i in files else reqs[i]   # written already
+                out[i] = worker.call(req, self.opt.build_timeout)
                 if done is not None:
                     with lock:
                         count[0] += 1
@@ -241,6 +244,8 @@ class Measurer:
                 run = dict(req, op="run", number=self.opt.number, repeat=self.opt.repeat,
                            min_repeat_ms=self.opt.min_repeat_ms, tolerance=self.opt.tolerance,
                            cache_flush=self.opt.cache_flush, settle=settle)
+                if isinstance(res.get("file"), str):
+                    run["file"] = res["file"]       # the runner loads what the builder compiled
                 settle = False
                 res, failure = self.runner.call(run, self.opt.run_timeout)
                 if res is None:
@@ -259,15 +264,19 @@ LINES_TIMEOUT = 10.0     # seconds for a builder to write a round's sources (the
 
 
 def _lines(worker, reqs: list) -> dict:
-    """{request index: its kernel's length in lines} for requests this builder writes the sources of
-    (0 where it could not: that build fails on its own)."""
+    """{request index: (its kernel's length in lines, its cache file)} for requests this builder
+    writes the sources of ((0, None) where it could not: that build fails on its own)."""
     if not reqs:
         return {}
     res, _ = worker.call({"op": "lines", "requests": [r for _, r in reqs]}, LINES_TIMEOUT)
     got = res.get("lines") if res is not None else None
+    files = res.get("files") if res is not None else None
     if not isinstance(got, list) or len(got) != len(reqs):
         got = [0] * len(reqs)
-    return {i: n if isinstance(n, int) else 0 for (i, _), n in zip(reqs, got)}
+    if not isinstance(files, list) or len(files) != len(reqs):
+        files = [None] * len(reqs)
+    return {i: (n if isinstance(n, int) else 0, f if isinstance(f, str) else None)
+            for (i, _), n, f in zip(reqs, got, files)}
 
 
 def _request_key(req: dict) -> str:

@@ -43,21 +43,21 @@ def _ping(req: dict) -> dict:
 
 
 def _handle(req: dict, refs: dict) -> dict:
-    from ..kernels import cache, testing
+    from ..kernels import testing
     from . import cache_flush, timing
     from . import records as R
 
     if req["op"] == "ping":
         return _ping(req)
     if req["op"] == "lines":            # the parent orders a round's builds, longest first
-        return {"error": 0, "lines": [_lines(r) for r in req["requests"]]}
+        written = [_write(r) for r in req["requests"]]
+        return {"error": 0, "lines": [n for n, _ in written], "files": [f for _, f in written]}
     try:                                  # a config the template cannot instantiate fails its build
-        wl, kernel = _kernel(req)
-        fn = cache.load(kernel.source)
+        wl, kernel, fn, name = _compiled(req, req["op"] == "run")
     except Exception as e:
         return {"error": R.COMPILE_ERROR, "msg": _message(e)}
     if req["op"] == "build":
-        return {"error": R.NO_ERROR}
+        return {"error": R.NO_ERROR, "file": name}
     try:
         key = req["key"]
         if key not in refs:
@@ -97,12 +97,38 @@ def _kernel(req: dict):
     return wl, tpl.build(wl, tpl.space(wl).from_values(req["config"]))
 
 
-def _lines(req: dict) -> int:
-    """The length in lines of the kernel a build request would compile (0 if it cannot be written)."""
+def _compiled(req: dict, run: bool):
+    """(workload, kernel, compiled kernel, its file name) of a request. A request that names the
+    kernel's cache file (as this round's `lines` or the build answered) loads that file: a build
+    compiles it without writing the source again, and a run builds the kernel without its source
+    (`template.without_source`), needing only its arguments and packed weights. A source costs a
+    Winograd candidate 35 ms; written three times it was 8% of a tuning run. Without a file (or
+    if it is gone), the source is written here."""
+    from ..kernels import cache
+    from ..kernels.template import without_source
+    name = req.get("file")
+    fn = cache.load_file(name) if name is not None else None
+    if fn is not None:
+        if not run:
+            return None, None, fn, name
+        with without_source():
+            wl, kernel = _kernel(req)
+        return wl, kernel, fn, name
+    wl, kernel = _kernel(req)
+    return wl, kernel, cache.load(kernel.source), cache.file_name(kernel.source)
+
+
+def _write(req: dict) -> tuple[int, str | None]:
+    """The length in lines of the kernel a build request would compile, and its cache file, written
+    (0 and None if it cannot be)."""
+    from ..kernels import cache
     try:
-        return _kernel(req)[1].source.count("\n")
+        source = _kernel(req)[1].source
+        path = cache.source_path(source)
+        cache.write_source(path, source)
+        return source.count("\n"), os.path.basename(path)
     except Exception:
-        return 0
+        return 0, None
 
 
 def cold_arrays(wl, names: list, arrays: list) -> list:
