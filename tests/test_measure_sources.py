@@ -78,3 +78,26 @@ def tpl_source() -> str:
 def test_a_file_name_that_is_no_kernel_file_name_is_refused(name):
     res = worker._handle(_request("run", file=name), {})
     assert res["error"] == R.COMPILE_ERROR and "not a kernel file name" in res["msg"]
+
+
+def test_only_runs_right_after_compiles_settle():
+    """The runner waits for the cores to go idle and warms up longer only for the first run after
+    compiles: the warm-up's rounds run candidates compiled together beforehand, one after another."""
+    from modelc.extract import Task, workload_key
+    from modelc.tune.measure import MeasureOptions, Measurer
+    tpl = get("conv2d")
+    space = tpl.space(WL)
+    task = Task(workload_key(WL.json), "conv", "conv2d", WL.json, 1, 1)
+    configs = [space.get(i) for i in range(3)]
+    m = Measurer(MeasureOptions(number=1, repeat=1, n_parallel=1, cache_flush=False))
+    settles = []
+    real = m.runner.call
+    m.runner.call = lambda req, timeout: settles.append(req["settle"]) or real(req, timeout)
+    try:
+        m.prebuild([(task, configs[:2])])
+        for c in configs[:2]:                          # the warm-up: prebuilt, one round each
+            assert [r.error for r in m.measure(task, [c], R.current_target())] == [R.NO_ERROR]
+        assert [r.error for r in m.measure(task, configs[1:], R.current_target())] == [R.NO_ERROR] * 2
+    finally:
+        m.close()
+    assert settles == [True, False, True, False]
