@@ -107,17 +107,19 @@ def write_source(path: str, source: str):
     os.replace(tmp, path)
 
 
-def import_file(path: str):
-    """The module of a kernel file, imported (and so compiled, or read from numba's cache) once."""
+def import_file(path: str, text: str | None = None):
+    """The module of a kernel file, imported (and so compiled, or read from numba's cache) once.
+    `text`, if given, is the file's content as the caller read and checked it (`load_file`)."""
     if path in _loaded:
         return _loaded[path]
-    name = "modelc_kernel_" + os.path.splitext(os.path.basename(path))[0]
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    if text is None:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     if os.path.basename(path) != file_name(text):
         raise ModelcError(f"kernel cache file {path!r} does not hold the source its name is the hash "
                           "of (modified or corrupt); delete it and compile again")
     # executed from the text just checked, never from a .pyc that could have been put beside it
+    name = "modelc_kernel_" + os.path.splitext(os.path.basename(path))[0]
     mod = types.ModuleType(name)
     mod.__file__ = path
     sys.modules[name] = mod          # numba's cache resolves functions through their module
@@ -204,14 +206,16 @@ def load_file(name: str) -> launch.CompiledKernel | None:
     if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
         raise ModelcError(f"not a kernel file name: {str(name)[:80]!r}")
     path = os.path.join(kernel_dir(), name)
+    text = None
     if path not in _loaded:
         try:
             with open(path, encoding="utf-8") as f:
-                if file_name(f.read()) != name:
-                    return None
+                text = f.read()
         except (OSError, UnicodeDecodeError):
             return None
-    return kernel_of(import_file(path))
+        if file_name(text) != name:
+            return None
+    return kernel_of(import_file(path, text))
 
 
 _WORKER = """\
