@@ -207,6 +207,12 @@ def describe(graph: Graph, node: Node) -> str:
         extra += f" d{d[0]}" if max(d) > 1 else ""
         sp = s[0] if len(set(s)) == 1 else dims(s)
         pp = p[0] if len(set(p)) == 1 else dims(p)
+        second = next((n for n in g.topo()[1:] if n.op_type in CONVS), None)
+        if second is not None:          # a fused pair (expand + depthwise): the second conv's window
+            sw, s2, p2 = g.tensors[second.inputs[1]].shape, second.attrs.get("strides", [1]), \
+                second.attrs.get("pads", [0])
+            extra += f" + {dims(sw[2:])} s{s2[0] if len(set(s2)) == 1 else dims(s2)}" \
+                     f" p{p2[0] if len(set(p2)) == 1 else dims(p2)}"
         return f"{pattern} {dims(x)} k{w[0]} {dims(w[2:])} s{sp} p{pp}{extra}"
     if a.op_type == "Dense":
         return f"{pattern} {dims(x)} n{g.tensors[a.inputs[1]].shape[1]}"

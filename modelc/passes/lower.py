@@ -9,13 +9,14 @@ from ..errors import ModelcError
 from ..ir import Graph
 from ..kernels.template import FALLBACK_DTYPES, KERNEL_DTYPES
 from . import optimize
+from .fuse_depthwise import fuse_expand_depthwise
 from .layout import plan_layouts
 
 
 def lower(graph: Graph) -> Graph:
     """Graph passes, fusion and layout planning: the graph whose groups become kernels."""
     check_dtypes(graph)
-    return plan_layouts(optimize(graph))
+    return fuse_expand_depthwise(plan_layouts(optimize(graph)))
 
 
 def check_dtypes(graph: Graph):

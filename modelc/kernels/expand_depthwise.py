@@ -1,0 +1,270 @@
+"""A pointwise (1x1) convolution and the depthwise convolution that reads it, as one kernel.
+
+MobileNet's and EfficientNet's blocks expand the channels with a 1x1 conv and filter each expanded
+channel with a depthwise conv; unfused, the expanded tensor (96 x 112 x 112 floats in MobileNetV2,
+4.8 MB) is written by one kernel and read back by the next from L3 or memory. Here the 1x1 conv
+computes the rows of one block of expanded channels into a ring of KH rows on the stack (the
+depthwise filter's height; a few KiB, in L1), and the depthwise conv reads its taps from there
+(passes/fuse_depthwise.py says when a pair is fused). Each row of the expanded tensor is computed
+once per parallel item: an item is (image, block of b channels, group of output rows), so only the
+rows a group shares with the one above it are computed twice.
+
+Input [N, C/cb, H+2h, W+2h, cb]; the 1x1 weights packed as [K/b, C, b], the depthwise ones as
+[K/b, KH, KW, b]; output [N, K/b, OH+2h', OW+2h', b]. The 1x1 part is conv2d's register tile (OWT
+pixels x one vector of b channels, a broadcast input times a weight vector per channel); the
+depthwise part is depthwise_conv2d's (a tile of output pixels, one lane loop). Each part's
+elementwise epilogue (bias, Clip = ReLU6, SiLU ...) runs on its tile; the ring's rows outside the
+image and its columns outside the row are zeros (the depthwise conv's padding).
+
+Knobs: `tile_ow` (pixels of the 1x1 tile), `tile_dw` (output pixels of the depthwise tile),
+`row_groups` (output rows split into this many parallel items per channel block).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import target
+from .codegen import ParallelItem, row_waste, shifted_start
+from .expr import SUPPORTED
+from .layout import physical_shape, strides
+from .space import ConfigSpace
+from .template import Kernel, Template, epilogue, epilogue_inputs, register, source
+from .workload import Workload
+
+OWT_CANDIDATES = [1, 2, 4, 7, 8, 14, 16, 28]
+DW_CANDIDATES = [1, 2, 4, 7, 8, 14, 16]
+GROUP_CANDIDATES = [1, 2, 3, 4, 6, 8]
+MAX_TAPS = 256               # depthwise multiply-adds written out per lane loop (bounds compile time)
+
+
+def split(wl: Workload) -> int | None:
+    """The index of the depthwise conv in a workload [1x1 conv, its epilogue, depthwise conv, its
+    epilogue], or None when `wl` is not one. The 1x1 conv's epilogue may read only the chain and
+    scalar constants (its values live in the ring, not at an output index)."""
+    ops = wl.ops
+    d = next((k for k, op in enumerate(ops) if k and op.op == "Conv"), None)
+    if d is None or ops[0].op != "Conv" or any(op.op not in SUPPORTED for k, op in enumerate(ops) if k not in (0, d)):
+        return None
+    for k in range(1, d):
+        if [a for a in ops[k].args if a.startswith(("v", "i"))] != [f"v{k - 1}"]:
+            return None
+    if ops[d].args[0] != f"v{d - 1}" or f"v{d - 1}" in [a for op in ops[d + 1:] for a in op.args]:
+        return None
+    return d
+
+
+def _const_input(wl: Workload, ref: str, shape: tuple) -> bool:
+    return ref.startswith("i") and wl.spec(ref).const and wl.spec(ref).shape == shape and \
+        wl.spec(ref).dtype == np.float32
+
+
+class Geometry:
+    """The two convolutions' shapes (from a workload `split` accepts)."""
+
+    def __init__(self, wl: Workload, d: int):
+        pw_, dw_ = wl.ops[0], wl.ops[d]
+        x = wl.spec(pw_.args[0])
+        self.N, self.C, self.H, self.W = x.shape
+        self.cb, self.hin = x.layout
+        self.K = wl.spec(pw_.args[1]).shape[0]
+        out = wl.outputs[0]
+        self.OH, self.OW = out.shape[2:]
+        self.b, self.hout = out.layout
+        self.KH, self.KW = wl.spec(dw_.args[1]).shape[2:]
+        self.sh, self.sw = dw_.attrs.get("strides", [1, 1])
+        self.dh, self.dw = dw_.attrs.get("dilations", [1, 1])
+        self.pt, self.pl, self.pb, self.pr = dw_.attrs.get("pads", [0, 0, 0, 0])
+        self.ring = (self.KH - 1) * self.dh + 1          # rows of the expanded tensor a window spans
+        self.BW = self.W + self.pl + self.pr             # a ring row, with the padding columns
+
+
+@register
+class ExpandDepthwise(Template):
+    name = "expand_depthwise"
+
+    def matches(self, wl: Workload) -> bool:
+        d = split(wl)
+        if d is None or len(wl.outputs) != 1 or wl.outputs[0].layout is None:
+            return False
+        pw_, dw_, out = wl.ops[0], wl.ops[d], wl.outputs[0]
+        if len(pw_.args) < 2 or not pw_.args[0].startswith("i") or len(dw_.args) < 2:
+            return False
+        x = wl.spec(pw_.args[0])
+        if len(x.shape) != 4 or x.layout is None or x.dtype != np.float32 or out.dtype != np.float32:
+            return False
+        n, c = x.shape[:2]
+        w1 = wl.spec(pw_.args[1]).shape if pw_.args[1].startswith("i") else None
+        if w1 is None or len(w1) != 4 or w1[1:] != (c, 1, 1) or not _const_input(wl, pw_.args[1], w1):
+            return False
+        k = w1[0]
+        if int(pw_.attrs.get("group", 1)) != 1 or any(v != 1 for v in pw_.attrs.get("strides", [1])) or \
+                any(v != 0 for v in pw_.attrs.get("pads", [0])) or any(v != 1 for v in pw_.attrs.get("dilations", [1])):
+            return False
+        if len(pw_.args) > 2 and pw_.args[2] and not _const_input(wl, pw_.args[2], (k,)):
+            return False
+        w2 = wl.spec(dw_.args[1]).shape if dw_.args[1].startswith("i") else None
+        if w2 is None or len(w2) != 4 or w2[:2] != (k, 1) or not _const_input(wl, dw_.args[1], w2) or \
+                int(dw_.attrs.get("group", 1)) != k or len(dw_.attrs.get("pads", [0] * 4)) != 4:
+            return False
+        if len(dw_.args) > 2 and dw_.args[2] and not _const_input(wl, dw_.args[2], (k,)):
+            return False
+        if any(wl.spec(f"v{j}").dtype != np.float32 for j in range(len(wl.ops))):
+            return False
+        last = f"v{wl.ops[-1].index}"
+        if wl.output_values[0] != last or out.shape != (n, k, *out.shape[2:]) or out.layout[0] < 1 or \
+                k % out.layout[0] or any(wl.spec(f"v{j}").shape != out.shape for j in range(d, len(wl.ops))):
+            return False
+        g = Geometry(wl, d)
+        return g.W >= 1 and max(g.pt, g.pb) < g.ring and max(g.pl, g.pr) < (g.KW - 1) * g.dw + 1
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        g = Geometry(wl, split(wl))
+        tg = target.current()
+        vec = -(-g.b // tg.lanes(4))
+        sp = ConfigSpace()
+        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.W and t * vec <= tg.max_tile_vectors] or [1])
+        sp.define_knob("tile_dw", [t for t in DW_CANDIDATES if t <= g.OW] or [1])
+        sp.define_knob("row_groups", [r for r in GROUP_CANDIDATES if r <= g.OH])
+        most = tg.vector_registers // 2            # depthwise accumulators (the rest: weights, inputs)
+        sp.constraint = lambda cfg: cfg["tile_dw"] * vec <= most and \
+            cfg["tile_dw"] * g.KH * g.KW <= MAX_TAPS
+        return sp
+
+    def default_config(self, wl: Workload, space: ConfigSpace):
+        """The 1x1 tile as conv2d's default (about half the accumulator registers, never fewer than
+        keep the FMA pipes busy), the depthwise tile as depthwise_conv2d's, and the fewest row
+        groups that share the channel blocks evenly among the threads, counting the ring rows a
+        group recomputes."""
+        g = Geometry(wl, split(wl))
+        tg = target.current()
+        vec = -(-g.b // tg.lanes(4))
+        want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // vec
+        waste = row_waste(g.W)
+        owt = min(space.knobs[0].values, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
+        want_dw = max(1, min(tg.accumulators_in_flight, tg.vector_registers // 2) // vec)
+        waste_dw = row_waste(g.OW)
+        dws = [t for t in space.knobs[1].values if t * vec <= tg.vector_registers // 2
+               and t * g.KH * g.KW <= MAX_TAPS] or [1]
+        dwt = min(dws, key=lambda t: (waste_dw(t) > 0.15, abs(t - want_dw), -t))
+        blocks = g.N * g.K // g.b
+
+        def cost(r):
+            items = blocks * r
+            balance = -(-items // tg.threads) * tg.threads / items
+            extra = max(0, g.ring - g.sh) * (r - 1) / (g.OH * g.sh)
+            return balance * (1 + extra)
+        rg = min(space.knobs[2].values, key=lambda r: (round(cost(r), 3), r))
+        return space.from_values({"tile_ow": owt, "tile_dw": dwt, "row_groups": rg})
+
+    def build(self, wl: Workload, cfg) -> Kernel:
+        d = split(wl)
+        g = Geometry(wl, d)
+        pw_, dw_ = wl.ops[0], wl.ops[d]
+        OWT, T2, G = min(cfg["tile_ow"], g.W), min(cfg["tile_dw"], g.OW), min(cfg["row_groups"], g.OH)
+        b, cb, KH, KW = g.b, g.cb, g.KH, g.KW
+        KBN, CBI = g.K // b, g.C // cb
+        RG = -(-g.OH // G)
+        G = -(-g.OH // RG)                       # no empty group
+        ring, BW = g.ring, g.BW
+        rowsz = BW * b
+        xs = strides(physical_shape((g.N, g.C, g.H, g.W), (cb, g.hin)))
+        out = wl.outputs[0]
+        os_ = strides(physical_shape(out.shape, out.layout))
+        x_arg = int(pw_.args[0][1:])
+        X = f"in{x_arg}"
+        bias1 = len(pw_.args) > 2 and bool(pw_.args[2])
+        bias2 = len(dw_.args) > 2 and bool(dw_.args[2])
+        zero = "np.float32(0.0)"
+
+        item = ParallelItem()
+        body = [item.loop(g.N * KBN * G),
+                *item.take("grp", G),
+                *item.last("kb", KBN, "n"),
+                f"    ring = stack_empty({ring * rowsz}, np.float32)",
+                f"    for q in range({ring}):"]
+        # the padding columns of every ring row: zeros, once per item
+        for c in [*range(g.pl), *range(g.pl + g.W, BW)]:
+            body += [f"        for j in range({b}):",
+                     f"            ring[np.uintp(q * {rowsz} + {c * b}) + np.uintp(j)] = {zero}"]
+        body += [f"    oh_a = grp * {RG}",
+                 f"    oh_b = min(oh_a + {RG}, {g.OH})",
+                 f"    have = oh_a * {g.sh} - {g.pt + 1}",
+                 f"    xn = n * {xs[0]}",
+                 f"    w1b = kb * {CBI * cb * b}",
+                 f"    for oh in range(oh_a, oh_b):",
+                 f"        ih0 = oh * {g.sh} - {g.pt}",
+                 f"        for r in range(max(have + 1, ih0), ih0 + {ring}):",
+                 f"            sb = np.uintp(((r + {g.pt}) % {ring}) * {rowsz} + {g.pl * b})",
+                 f"            if r < 0 or r >= {g.H}:",
+                 f"                for q in range({g.W * b}):",
+                 f"                    ring[sb + np.uintp(q)] = {zero}",
+                 "                continue"]
+        # the 1x1 conv of row r, channels of block kb, into the ring
+        NT1 = -(-g.W // OWT)
+        init1 = f"bias1[np.uintp(kb * {b}) + np.uintp(j)]" if bias1 else zero
+        p = " " * 12
+        body += [f"{p}for t in range({NT1}):",
+                 f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}",
+                 f"{p}    acc = stack_empty({OWT * b}, np.float32)",
+                 f"{p}    for j in range({b}):",
+                 *[f"{p}        acc[{q * b} + j] = {init1}" for q in range(OWT)],
+                 f"{p}    for ci in range({CBI}):",
+                 f"{p}        xb = np.uintp(xn + ci * {xs[1]} + (r + {g.hin}) * {xs[2]} + (w0 + {g.hin}) * {cb})",
+                 f"{p}        wb = np.uintp(w1b + ci * {cb * b})",
+                 f"{p}        for c in range({cb}):",
+                 *[f"{p}            x{q} = {X}[xb + np.uintp({q * cb} + c)]" for q in range(OWT)],
+                 f"{p}            wo = wb + np.uintp(c * {b})",
+                 f"{p}            for j in range({b}):",
+                 f"{p}                wv = w1[wo + np.uintp(j)]",
+                 *[f"{p}                acc[{q * b} + j] += x{q} * wv" for q in range(OWT)],
+                 f"{p}    for j in range({b}):"]
+        ops1 = wl.ops[1:d]
+        for q in range(OWT):
+            lines, final = epilogue(wl, ops1, f"acc[{q * b} + j]", ["n", ("kb", "j", b), "r", f"w0 + {q}"],
+                                    wl.spec(f"v{d - 1}").shape, np.float32, "v0", var=f"e{q}_", unsigned=True)
+            body += [f"{p}        {ln}" for ln in lines]
+            body += [f"{p}        ring[sb + np.uintp(w0 * {b} + {q * b}) + np.uintp(j)] = {final}"]
+        # the depthwise conv of output row oh from the ring
+        NT2 = -(-g.OW // T2)
+        init2 = f"bias2[np.uintp(kb * {b}) + np.uintp(j)]" if bias2 else zero
+        body += [f"        have = ih0 + {ring - 1}",
+                 *[f"        rr{kh} = np.uintp(((ih0 + {kh * g.dh + g.pt}) % {ring}) * {rowsz})" for kh in range(KH)],
+                 f"        ob = np.uintp(n * {os_[0]} + kb * {os_[1]} + (oh + {g.hout}) * {os_[2]} + {g.hout * b})",
+                 f"        for t in range({NT2}):",
+                 f"            o0 = {shifted_start(f't * {T2}', g.OW, T2)}",
+                 f"            cb0 = np.uintp(o0 * {g.sw * b})",
+                 f"            for j in range({b}):",
+                 *[f"                a{q} = {init2}" for q in range(T2)]]
+        p = " " * 16
+        for kh in range(KH):
+            for kw in range(KW):
+                body.append(f"{p}wk = w2[np.uintp(kb * {KH * KW * b} + {(kh * KW + kw) * b}) + np.uintp(j)]")
+                for q in range(T2):
+                    body.append(f"{p}a{q} = a{q} + ring[rr{kh} + cb0 + np.uintp({(q * g.sw + kw * g.dw) * b}) "
+                                f"+ np.uintp(j)] * wk")
+        ops2 = wl.ops[d + 1:]
+        for q in range(T2):
+            lines, final = epilogue(wl, ops2, f"a{q}", ["n", ("kb", "j", b), "oh", f"o0 + {q}"], out.shape,
+                                    np.float32, f"v{d}", var=f"f{q}_", unsigned=True)
+            body += [p + ln for ln in lines]
+            body.append(f"{p}out0[ob + np.uintp(o0 * {b} + {q * b}) + np.uintp(j)] = {final}")
+
+        extra = [k for k in epilogue_inputs(ops2) if k != x_arg]
+        args = ["out0", X, "w1"] + (["bias1"] if bias1 else []) + ["w2"] + (["bias2"] if bias2 else [])
+        args += [f"in{k}" for k in extra]
+        dtypes = [np.float32] * (len(args) - len(extra)) + [wl.inputs[k].dtype for k in extra]
+        w1_arg, w2_arg = int(pw_.args[1][1:]), int(dw_.args[1][1:])
+        b1_arg = int(pw_.args[2][1:]) if bias1 else None
+        b2_arg = int(dw_.args[2][1:]) if bias2 else None
+        K, C = g.K, g.C
+
+        def pack(consts):
+            flat = lambda a: np.ascontiguousarray(a, dtype=np.float32).reshape(-1)  # noqa: E731
+            res = {"w1": flat(np.asarray(consts[w1_arg], np.float32).reshape(KBN, b, C).transpose(0, 2, 1)),
+                   "w2": flat(np.asarray(consts[w2_arg], np.float32).reshape(KBN, b, KH, KW).transpose(0, 2, 3, 1))}
+            if bias1:
+                res["bias1"] = flat(consts[b1_arg])
+            if bias2:
+                res["bias2"] = flat(consts[b2_arg])
+            return res
+        return Kernel(source(args, dtypes, body), args, pack)
