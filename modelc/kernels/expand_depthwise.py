@@ -26,6 +26,7 @@ import numpy as np
 from .. import target
 from .codegen import ParallelItem, row_waste, shifted_start
 from .expr import SUPPORTED
+from .intrinsics import calls_polynomial
 from .layout import physical_shape, strides
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue, epilogue_inputs, register, source
@@ -39,16 +40,20 @@ MAX_TAPS = 256               # depthwise multiply-adds written out per lane loop
 
 def split(wl: Workload) -> int | None:
     """The index of the depthwise conv in a workload [1x1 conv, its epilogue, depthwise conv, its
-    epilogue], or None when `wl` is not one. The 1x1 conv's epilogue may read only the chain and
-    scalar constants (its values live in the ring, not at an output index)."""
+    epilogue], or None when `wl` is not one. The 1x1 conv's epilogue may read only its own values
+    and scalar constants (its values live in the ring, not at an output index: SiLU's x * sigmoid(x)
+    reads two), and the depthwise conv's epilogue none of them."""
     ops = wl.ops
     d = next((k for k, op in enumerate(ops) if k and op.op == "Conv"), None)
     if d is None or ops[0].op != "Conv" or any(op.op not in SUPPORTED for k, op in enumerate(ops) if k not in (0, d)):
         return None
+
+    def values(op):
+        return [int(a[1:].split(".")[0]) for a in op.args if a.startswith("v")]
     for k in range(1, d):
-        if [a for a in ops[k].args if a.startswith(("v", "i"))] != [f"v{k - 1}"]:
+        if any(a.startswith("i") for a in ops[k].args) or not values(ops[k]):
             return None
-    if ops[d].args[0] != f"v{d - 1}" or f"v{d - 1}" in [a for op in ops[d + 1:] for a in op.args]:
+    if ops[d].args[0] != f"v{d - 1}" or any(v < d for op in ops[d + 1:] for v in values(op)):
         return None
     return d
 
@@ -191,7 +196,7 @@ class ExpandDepthwise(Template):
                  f"    have = oh_a * {g.sh} - {g.pt + 1}",
                  f"    xn = n * {xs[0]}",
                  f"    w1b = kb * {CBI * cb * b}",
-                 f"    for oh in range(oh_a, oh_b):",
+                 "    for oh in range(oh_a, oh_b):",
                  f"        ih0 = oh * {g.sh} - {g.pt}",
                  f"        for r in range(max(have + 1, ih0), ih0 + {ring}):",
                  f"            sb = np.uintp(((r + {g.pt}) % {ring}) * {rowsz} + {g.pl * b})",
@@ -256,7 +261,7 @@ class ExpandDepthwise(Template):
         w1_arg, w2_arg = int(pw_.args[1][1:]), int(dw_.args[1][1:])
         b1_arg = int(pw_.args[2][1:]) if bias1 else None
         b2_arg = int(dw_.args[2][1:]) if bias2 else None
-        K, C = g.K, g.C
+        C = g.C
 
         def pack(consts):
             flat = lambda a: np.ascontiguousarray(a, dtype=np.float32).reshape(-1)  # noqa: E731
@@ -267,4 +272,5 @@ class ExpandDepthwise(Template):
             if bias2:
                 res["bias2"] = flat(consts[b2_arg])
             return res
-        return Kernel(source(args, dtypes, body), args, pack)
+        # in order unless an epilogue calls the sigmoid polynomial, as conv2d (its reasons)
+        return Kernel(source(args, dtypes, body, reassoc=calls_polynomial(body)), args, pack)

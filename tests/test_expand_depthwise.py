@@ -1,0 +1,180 @@
+"""A 1x1 conv fused with the depthwise conv that reads it (kernels/expand_depthwise.py) and the
+pass that fuses them (passes/fuse_depthwise.py): kernels against the reference executor over
+strides, filter sizes, asymmetric pads, dilation, batches, both activations and a residual; every
+output element stored by exactly one parallel item; the pass fuses only what the template takes
+and what is worth it, and compiled models agree with onnxruntime."""
+import dataclasses
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import modelc
+from modelc import target
+from modelc.extract import extract_tasks
+from modelc.kernels import template, templates, testing  # noqa: F401  (registers the templates)
+from modelc.kernels.layout import choose_block
+from modelc.kernels.workload import Workload
+from workloads import onnx_model
+
+TOL = 1e-5
+CLIP = {"p0": {"dtype": "float32", "shape": [], "value": 0.0}, "p1": {"dtype": "float32", "shape": [], "value": 6.0}}
+
+
+def ed_wl(c, k, h, w=None, kh=3, s=1, pads=None, d=1, n=1, hin=0, hout=0, act1="Clip", act2="Clip",
+          bias1=True, bias2=True, res=False):
+    """The workload `workload_of` writes for Conv 1x1 [+ bias] + act1 -> depthwise Conv [+ bias] + act2
+    [+ residual Add], in the blocked layout."""
+    w = w or h
+    pads = pads if pads is not None else [(kh - 1) * d // 2] * 4
+    oh = (h + pads[0] + pads[2] - d * (kh - 1) - 1) // s + 1
+    ow = (w + pads[1] + pads[3] - d * (kh - 1) - 1) // s + 1
+    cb, b = choose_block(c), choose_block(k)
+    inputs = [{"shape": [n, c, h, w], "dtype": "float32", "const": False, "layout": [cb, hin]},
+              {"shape": [k, c, 1, 1], "dtype": "float32", "const": True}]
+    ops = [{"op": "Conv", "attrs": {"dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4, "strides": [1, 1]},
+            "args": ["i0", "i1"]}]
+    if bias1:
+        inputs.append({"shape": [k], "dtype": "float32", "const": True})
+        ops[0]["args"].append("i2")
+    params = {}
+
+    def act(kind):
+        v = f"v{len(ops) - 1}"
+        if kind == "Clip":
+            params.update(CLIP)
+            ops.append({"op": "Clip", "attrs": {}, "args": [v, "p0", "p1"]})
+        elif kind == "SiLU":                  # x * sigmoid(x), as two ops: the epilogue reads x twice
+            ops.append({"op": "Sigmoid", "attrs": {}, "args": [v]})
+            ops.append({"op": "Mul", "attrs": {}, "args": [v, f"v{len(ops) - 1}"]})
+        elif kind:
+            ops.append({"op": kind, "attrs": {}, "args": [v]})
+    act(act1)
+    inputs.append({"shape": [k, 1, kh, kh], "dtype": "float32", "const": True})
+    dw = {"op": "Conv", "attrs": {"kernel_shape": [kh, kh], "strides": [s, s], "pads": pads, "dilations": [d, d],
+                                  "group": k}, "args": [f"v{len(ops) - 1}", f"i{len(inputs) - 1}"]}
+    if bias2:
+        inputs.append({"shape": [k], "dtype": "float32", "const": True})
+        dw["args"].append(f"i{len(inputs) - 1}")
+    ops.append(dw)
+    if res:
+        inputs.append({"shape": [n, k, oh, ow], "dtype": "float32", "const": False, "layout": [b, 0]})
+        ops.append({"op": "Add", "attrs": {}, "args": [f"v{len(ops) - 1}", f"i{len(inputs) - 1}"]})
+    act(act2)
+    return Workload({"version": 1, "inputs": inputs, "ops": ops, "params": params,
+                     "outputs": [{"shape": [n, k, oh, ow], "dtype": "float32", "value": f"v{len(ops) - 1}",
+                                  "layout": [b, hout]}]})
+
+
+def check(wl, extra=()):
+    t = template.select(wl)
+    assert t.name == "expand_depthwise"
+    sp = t.space(wl)
+    default = t.default_config(wl, sp)
+    for cfg in [default] + [sp.from_values({**default.values, **e}) for e in extra]:
+        assert sp.is_valid(cfg), str(cfg)
+        got, want, _, _ = testing.run(wl, t, cfg)
+        err = testing.max_rel_error(got, want)
+        assert err <= TOL, f"{cfg}: max rel error {err:.2e}"
+
+
+@pytest.mark.parametrize("case,extra", [
+    (dict(c=16, k=32, h=9, s=1, hout=1), [dict(tile_ow=4, tile_dw=2, row_groups=3)]),
+    (dict(c=16, k=32, h=11, w=9, s=2, hin=1), [dict(tile_ow=7, tile_dw=4, row_groups=2)]),
+    (dict(c=24, k=48, h=10, kh=5, s=2, act1="SiLU", act2="SiLU", n=2), [dict(row_groups=4)]),
+    (dict(c=8, k=16, h=9, kh=3, s=2, pads=[0, 0, 1, 1], bias1=False, bias2=False, act1="Relu", act2=None), []),
+    (dict(c=16, k=16, h=12, d=2, res=True, act2=None), [dict(tile_dw=1, row_groups=6)]),
+])
+def test_fused_kernel_agrees_with_the_reference(case, extra):
+    check(ed_wl(**case), extra)
+
+
+@pytest.mark.parametrize("s,groups", [(1, 4), (2, 3)])
+def test_every_output_is_stored_by_one_item(s, groups):
+    """Row groups overlap in the ring rows they compute, never in the output rows they store."""
+    wl = ed_wl(16, 32, 13, s=s, hout=1)
+    tpl = template.select(wl)
+    sp = tpl.space(wl)
+    cfg = sp.from_values({**tpl.default_config(wl, sp).values, "row_groups": groups, "tile_dw": 4})
+    got, want, fn, args = testing.run(wl, tpl, cfg)
+    assert testing.max_rel_error(got, want) <= TOL
+    out = wl.outputs[0]
+    writers = testing.stores_per_output(fn, args).reshape(out.shape[0], -1, out.shape[2] + 2, out.shape[3] + 2,
+                                                          out.layout[0])[:, :, 1:-1, 1:-1]
+    assert writers.min() == 1 and writers.max() == 1, np.bincount(writers.ravel())
+
+
+def test_not_taken():
+    """A 1x1 epilogue reading another tensor, a strided 1x1 conv, a second conv that is not depthwise."""
+    wl = ed_wl(16, 32, 8)
+    j = dict(wl.json)
+    bad = dict(j, ops=[dict(j["ops"][0], attrs={**j["ops"][0]["attrs"], "strides": [2, 2]})] + j["ops"][1:])
+    assert template.select(Workload(bad)).name != "expand_depthwise"
+    ops = [dict(o) for o in j["ops"]]
+    ops[1] = {"op": "Add", "attrs": {}, "args": ["v0", f"i{len(j['inputs'])}"]}
+    res = {"shape": [1, 32, 8, 8], "dtype": "float32", "const": False, "layout": [choose_block(32), 0]}
+    inputs = j["inputs"] + [res]
+    assert template.select(Workload(dict(j, ops=ops, inputs=inputs))).name != "expand_depthwise"
+    ops = [dict(o) for o in j["ops"]]
+    ops[2] = dict(ops[2], attrs={**ops[2]["attrs"], "group": 1})
+    inputs = [dict(t) for t in j["inputs"]]
+    inputs[3]["shape"] = [32, 32, 3, 3]
+    assert template.select(Workload(dict(j, ops=ops, inputs=inputs))).name != "expand_depthwise"
+
+
+# ---- the pass ----------------------------------------------------------------------------------
+
+def _block_model(k=64, hw=32, expand_out=False, second_reader=False, seed=0):
+    """x -> Conv 1x1 (16 -> k) -> Clip -> depthwise 3x3 s1 -> Clip -> Conv 1x1 (k -> 16) -> y."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n) for n, s in
+             [("w1", (k, 16, 1, 1)), ("b1", (k,)), ("w2", (k, 1, 3, 3)), ("b2", (k,)), ("w3", (16, k, 1, 1))]]
+    inits += [numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["e"], name="expand"),
+             helper.make_node("Clip", ["e", "lo", "hi"], ["ea"], name="expand_act"),
+             helper.make_node("Conv", ["ea", "w2", "b2"], ["d"], name="dw", group=k, pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["da"], name="dw_act"),
+             helper.make_node("Conv", ["da", "w3"], ["y"], name="project")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, hw, hw])]
+    if expand_out:
+        outputs.append(helper.make_tensor_value_info("ea", TensorProto.FLOAT, [1, k, hw, hw]))
+    if second_reader:
+        nodes.append(helper.make_node("Conv", ["ea", "w3"], ["z"], name="other"))
+        outputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, hw, hw]))
+    return onnx_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, hw, hw])],
+                      outputs, inits)
+
+
+def _templates(model):
+    return [t.template for t in extract_tasks(model)]
+
+
+def test_pass_fuses_the_pair_and_the_module_agrees_with_onnxruntime():
+    model = _block_model()
+    assert "expand_depthwise" in _templates(model)
+    tasks = extract_tasks(model)
+    desc = next(t.desc for t in tasks if t.template == "expand_depthwise")
+    assert desc == "conv2d_bias_clip_depthwise_conv2d_bias_clip 1x16x32x32 k64 1x1 s1 p0 + 3x3 s1 p1"
+    x = np.random.default_rng(1).standard_normal((1, 16, 32, 32)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = modelc.compile(model).run({"x": x})["y"]
+    assert np.abs(got - want[0]).max() <= 1e-4 * np.abs(want[0]).max()
+
+
+@pytest.mark.parametrize("kw", [dict(expand_out=True), dict(second_reader=True)])
+def test_pass_leaves_a_shared_expanded_tensor_alone(kw):
+    assert "expand_depthwise" not in _templates(_block_model(**kw))
+
+
+def test_pass_fuses_only_what_outgrows_the_l1_caches():
+    """The rule reads the target's description: the same tensor is fused for a CPU whose L1 caches
+    it outgrows and left alone for one whose caches hold it."""
+    model = _block_model(k=16, hw=16)                       # 16 x 16 x 16 floats: 16 KiB
+    base = target.current()
+    small = dataclasses.replace(base, l1d_bytes=4096, threads=2)
+    large = dataclasses.replace(base, l1d_bytes=48 << 10, threads=2)
+    with target.use(small):
+        assert "expand_depthwise" in _templates(model)
+    with target.use(large):
+        assert "expand_depthwise" not in _templates(model)
