@@ -81,8 +81,8 @@ def check(wl, extra=()):
 
 @pytest.mark.parametrize("case,extra", [
     (dict(c=16, k=32, h=9, s=1, hout=1), [dict(tile_ow=4, tile_dw=2, row_groups=3)]),
-    (dict(c=16, k=32, h=11, w=9, s=2, hin=1), [dict(tile_ow=7, tile_dw=4, row_groups=2)]),
-    (dict(c=24, k=48, h=10, kh=5, s=2, act1="SiLU", act2="SiLU", n=2), [dict(row_groups=4)]),
+    (dict(c=16, k=32, h=11, w=9, s=2, hin=1), [dict(tile_ow=7, tile_dw=4, row_groups=2, tile_oc_blocks=2)]),
+    (dict(c=24, k=48, h=10, kh=5, s=2, act1="SiLU", act2="SiLU", n=2), [dict(row_groups=4, tile_oc_blocks=3)]),
     (dict(c=8, k=16, h=9, kh=3, s=2, pads=[0, 0, 1, 1], bias1=False, bias2=False, act1="Relu", act2=None), []),
     (dict(c=16, k=16, h=12, d=2, res=True, act2=None), [dict(tile_dw=1, row_groups=6)]),
 ])
@@ -90,13 +90,14 @@ def test_fused_kernel_agrees_with_the_reference(case, extra):
     check(ed_wl(**case), extra)
 
 
-@pytest.mark.parametrize("s,groups", [(1, 4), (2, 3)])
-def test_every_output_is_stored_by_one_item(s, groups):
+@pytest.mark.parametrize("s,groups,m", [(1, 4, 1), (2, 3, 2)])
+def test_every_output_is_stored_by_one_item(s, groups, m):
     """Row groups overlap in the ring rows they compute, never in the output rows they store."""
     wl = ed_wl(16, 32, 13, s=s, hout=1)
     tpl = template.select(wl)
     sp = tpl.space(wl)
-    cfg = sp.from_values({**tpl.default_config(wl, sp).values, "row_groups": groups, "tile_dw": 4})
+    cfg = sp.from_values({**tpl.default_config(wl, sp).values, "row_groups": groups, "tile_dw": 4,
+                                                       "tile_oc_blocks": m})
     got, want, fn, args = testing.run(wl, tpl, cfg)
     assert testing.max_rel_error(got, want) <= TOL
     out = wl.outputs[0]
@@ -178,3 +179,23 @@ def test_pass_fuses_only_what_outgrows_the_l1_caches():
         assert "expand_depthwise" in _templates(model)
     with target.use(large):
         assert "expand_depthwise" not in _templates(model)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_defaults_fit_the_target(isa):
+    """The default tiles come from the target: on AVX2 (16 registers of 8 floats, blocks of 8) and on
+    AVX-512 (32 of 16) the 1x1 tile fits the accumulator registers, and the kernel is right."""
+    tg = (target.Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads=2) if isa == "avx2"
+          else target.Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl", threads=2))
+    with target.use(tg):
+        wl = ed_wl(24, 48, 14, s=2, hin=1, hout=1)
+        tpl = template.select(wl)
+        sp = tpl.space(wl)
+        cfg = tpl.default_config(wl, sp)
+        b = wl.outputs[0].layout[0]
+        assert b == tg.lanes(4)
+        # two vectors of channels per broadcast input where the FMA cannot take it from memory
+        assert cfg["tile_oc_blocks"] == (2 if isa == "avx2" else 1)
+        accumulators = cfg["tile_ow"] * cfg["tile_oc_blocks"]
+        assert tg.accumulators_in_flight <= accumulators <= tg.max_tile_vectors
+        check(wl)

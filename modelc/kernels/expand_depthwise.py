@@ -6,18 +6,19 @@ channel with a depthwise conv; unfused, the expanded tensor (96 x 112 x 112 floa
 computes the rows of one block of expanded channels into a ring of KH rows on the stack (the
 depthwise filter's height; a few KiB, in L1), and the depthwise conv reads its taps from there
 (passes/fuse_depthwise.py says when a pair is fused). Each row of the expanded tensor is computed
-once per parallel item: an item is (image, block of b channels, group of output rows), so only the
-rows a group shares with the one above it are computed twice.
+once per parallel item: an item is (image, tile of channel blocks, group of output rows), so only
+the rows a group shares with the one above it are computed twice.
 
-Input [N, C/cb, H+2h, W+2h, cb]; the 1x1 weights packed as [K/b, C, b], the depthwise ones as
+Input [N, C/cb, H+2h, W+2h, cb]; the 1x1 weights packed as [K/(m b), C, m b], the depthwise ones as
 [K/b, KH, KW, b]; output [N, K/b, OH+2h', OW+2h', b]. The 1x1 part is conv2d's register tile (OWT
 pixels x one vector of b channels, a broadcast input times a weight vector per channel); the
 depthwise part is depthwise_conv2d's (a tile of output pixels, one lane loop). Each part's
 elementwise epilogue (bias, Clip = ReLU6, SiLU ...) runs on its tile; the ring's rows outside the
 image and its columns outside the row are zeros (the depthwise conv's padding).
 
-Knobs: `tile_ow` (pixels of the 1x1 tile), `tile_dw` (output pixels of the depthwise tile),
-`row_groups` (output rows split into this many parallel items per channel block).
+Knobs: `tile_ow` (pixels of the 1x1 tile), `tile_oc_blocks` (blocks of b channels an item computes:
+the 1x1 tile's vectors per pixel), `tile_dw` (output pixels of the depthwise tile), `row_groups`
+(output rows split into this many parallel items per channel tile).
 """
 from __future__ import annotations
 
@@ -125,53 +126,72 @@ class ExpandDepthwise(Template):
     def space(self, wl: Workload) -> ConfigSpace:
         g = Geometry(wl, split(wl))
         tg = target.current()
-        vec = -(-g.b // tg.lanes(4))
+        lanes = tg.lanes(4)
+        vec = -(-g.b // lanes)
+        blocks = g.K // g.b
         sp = ConfigSpace()
         sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.W and t * vec <= tg.max_tile_vectors] or [1])
+        # m blocks of b channels per item, as conv2d's tile_oc_blocks: without AVX-512's broadcast
+        # operand each broadcast input is a load of its own, and two vectors of channels share it
+        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 3, 4) if blocks % m == 0 and m * g.b <= 4 * lanes])
         sp.define_knob("tile_dw", [t for t in DW_CANDIDATES if t <= g.OW] or [1])
         sp.define_knob("row_groups", [r for r in GROUP_CANDIDATES if r <= g.OH])
         most = tg.vector_registers // 2            # depthwise accumulators (the rest: weights, inputs)
-        sp.constraint = lambda cfg: cfg["tile_dw"] * vec <= most and \
-            cfg["tile_dw"] * g.KH * g.KW <= MAX_TAPS
+        extra = 0 if tg.broadcast_in_fma else 1
+
+        def valid(cfg):
+            wvec = cfg["tile_oc_blocks"] * vec
+            acc = cfg["tile_ow"] * wvec
+            return acc <= tg.max_tile_vectors and acc + 2 * wvec + extra <= tg.vector_registers and \
+                cfg["tile_dw"] * vec <= most and cfg["tile_dw"] * g.KH * g.KW <= MAX_TAPS
+        sp.constraint = valid
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
-        """The 1x1 tile as conv2d's default (about half the accumulator registers, never fewer than
-        keep the FMA pipes busy), the depthwise tile as depthwise_conv2d's, and the fewest row
-        groups that share the channel blocks evenly among the threads, counting the ring rows a
-        group recomputes."""
+        """The 1x1 tile as conv2d's default (one vector of channels per pixel, two without a broadcast
+        operand; about half the accumulator registers, never fewer than keep the FMA pipes busy),
+        the depthwise tile as depthwise_conv2d's, and the fewest row groups that share the items
+        evenly among the threads, counting the ring rows a group computes again."""
         g = Geometry(wl, split(wl))
         tg = target.current()
-        vec = -(-g.b // tg.lanes(4))
-        want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // vec
+        lanes = tg.lanes(4)
+        vec = -(-g.b // lanes)
+        per_pixel = lanes * (1 if tg.broadcast_in_fma else 2)
+        ms = [m for m in space.knobs[1].values if m * g.b <= per_pixel] or space.knobs[1].values[:1]
+        m = max(ms)
+        want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // (m * vec)
         waste = row_waste(g.W)
-        owt = min(space.knobs[0].values, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
+        owts = [t for t in space.knobs[0].values if t * m * vec <= tg.max_tile_vectors] or [1]
+        owt = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
         want_dw = max(1, min(tg.accumulators_in_flight, tg.vector_registers // 2) // vec)
         waste_dw = row_waste(g.OW)
-        dws = [t for t in space.knobs[1].values if t * vec <= tg.vector_registers // 2
+        dws = [t for t in space.knobs[2].values if t * vec <= tg.vector_registers // 2
                and t * g.KH * g.KW <= MAX_TAPS] or [1]
         dwt = min(dws, key=lambda t: (waste_dw(t) > 0.15, abs(t - want_dw), -t))
-        blocks = g.N * g.K // g.b
+        items = g.N * g.K // (g.b * m)
 
         def cost(r):
-            items = blocks * r
-            balance = -(-items // tg.threads) * tg.threads / items
+            balance = -(-items * r // tg.threads) * tg.threads / (items * r)
             extra = max(0, g.ring - g.sh) * (r - 1) / (g.OH * g.sh)
             return balance * (1 + extra)
-        rg = min(space.knobs[2].values, key=lambda r: (round(cost(r), 3), r))
-        return space.from_values({"tile_ow": owt, "tile_dw": dwt, "row_groups": rg})
+        rg = min(space.knobs[3].values, key=lambda r: (round(cost(r), 3), r))
+        cfg = space.from_values({"tile_ow": owt, "tile_oc_blocks": m, "tile_dw": dwt, "row_groups": rg})
+        return cfg if space.is_valid(cfg) else space.get(space.valid_indices(limit=1)[0])
 
     def build(self, wl: Workload, cfg) -> Kernel:
         d = split(wl)
         g = Geometry(wl, d)
         pw_, dw_ = wl.ops[0], wl.ops[d]
         OWT, T2, G = min(cfg["tile_ow"], g.W), min(cfg["tile_dw"], g.OW), min(cfg["row_groups"], g.OH)
+        m = cfg["tile_oc_blocks"]
         b, cb, KH, KW = g.b, g.cb, g.KH, g.KW
         KBN, CBI = g.K // b, g.C // cb
+        KT, KTW = KBN // m, m * b                # items' channel tiles; lanes of one tile
         RG = -(-g.OH // G)
         G = -(-g.OH // RG)                       # no empty group
         ring, BW = g.ring, g.BW
         rowsz = BW * b
+        blk = ring * rowsz                       # one block's ring
         xs = strides(physical_shape((g.N, g.C, g.H, g.W), (cb, g.hin)))
         out = wl.outputs[0]
         os_ = strides(physical_shape(out.shape, out.layout))
@@ -182,11 +202,12 @@ class ExpandDepthwise(Template):
         zero = "np.float32(0.0)"
 
         item = ParallelItem()
-        body = [item.loop(g.N * KBN * G),
+        body = [item.loop(g.N * KT * G),
                 *item.take("grp", G),
-                *item.last("kb", KBN, "n"),
-                f"    ring = stack_empty({ring * rowsz}, np.float32)",
-                f"    for q in range({ring}):"]
+                *item.last("kt", KT, "n"),
+                f"    kb0 = kt * {m}",
+                f"    ring = stack_empty({m * blk}, np.float32)",
+                f"    for q in range({m * ring}):"]
         # the padding columns of every ring row: zeros, once per item
         for c in [*range(g.pl), *range(g.pl + g.W, BW)]:
             body += [f"        for j in range({b}):",
@@ -195,52 +216,58 @@ class ExpandDepthwise(Template):
                  f"    oh_b = min(oh_a + {RG}, {g.OH})",
                  f"    have = oh_a * {g.sh} - {g.pt + 1}",
                  f"    xn = n * {xs[0]}",
-                 f"    w1b = kb * {CBI * cb * b}",
+                 f"    w1b = kt * {g.C * KTW}",
                  "    for oh in range(oh_a, oh_b):",
                  f"        ih0 = oh * {g.sh} - {g.pt}",
                  f"        for r in range(max(have + 1, ih0), ih0 + {ring}):",
                  f"            sb = np.uintp(((r + {g.pt}) % {ring}) * {rowsz} + {g.pl * b})",
                  f"            if r < 0 or r >= {g.H}:",
-                 f"                for q in range({g.W * b}):",
-                 f"                    ring[sb + np.uintp(q)] = {zero}",
+                 f"                for mb in range({m}):",
+                 f"                    for q in range({g.W * b}):",
+                 f"                        ring[sb + np.uintp(mb * {blk} + q)] = {zero}",
                  "                continue"]
-        # the 1x1 conv of row r, channels of block kb, into the ring
+        # the 1x1 conv of row r, the tile's m blocks of channels, into the ring
         NT1 = -(-g.W // OWT)
-        init1 = f"bias1[np.uintp(kb * {b}) + np.uintp(j)]" if bias1 else zero
+        init1 = f"bias1[np.uintp(kb0 * {b}) + np.uintp(j)]" if bias1 else zero
         p = " " * 12
         body += [f"{p}for t in range({NT1}):",
                  f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}",
-                 f"{p}    acc = stack_empty({OWT * b}, np.float32)",
-                 f"{p}    for j in range({b}):",
-                 *[f"{p}        acc[{q * b} + j] = {init1}" for q in range(OWT)],
+                 f"{p}    acc = stack_empty({OWT * KTW}, np.float32)",
+                 f"{p}    for j in range({KTW}):",
+                 *[f"{p}        acc[{q * KTW} + j] = {init1}" for q in range(OWT)],
                  f"{p}    for ci in range({CBI}):",
                  f"{p}        xb = np.uintp(xn + ci * {xs[1]} + (r + {g.hin}) * {xs[2]} + (w0 + {g.hin}) * {cb})",
-                 f"{p}        wb = np.uintp(w1b + ci * {cb * b})",
+                 f"{p}        wb = np.uintp(w1b + ci * {cb * KTW})",
                  f"{p}        for c in range({cb}):",
                  *[f"{p}            x{q} = {X}[xb + np.uintp({q * cb} + c)]" for q in range(OWT)],
-                 f"{p}            wo = wb + np.uintp(c * {b})",
-                 f"{p}            for j in range({b}):",
+                 f"{p}            wo = wb + np.uintp(c * {KTW})",
+                 f"{p}            for j in range({KTW}):",
                  f"{p}                wv = w1[wo + np.uintp(j)]",
-                 *[f"{p}                acc[{q * b} + j] += x{q} * wv" for q in range(OWT)],
-                 f"{p}    for j in range({b}):"]
+                 *[f"{p}                acc[{q * KTW} + j] += x{q} * wv" for q in range(OWT)]]
         ops1 = wl.ops[1:d]
-        for q in range(OWT):
-            lines, final = epilogue(wl, ops1, f"acc[{q * b} + j]", ["n", ("kb", "j", b), "r", f"w0 + {q}"],
-                                    wl.spec(f"v{d - 1}").shape, np.float32, "v0", var=f"e{q}_", unsigned=True)
-            body += [f"{p}        {ln}" for ln in lines]
-            body += [f"{p}        ring[sb + np.uintp(w0 * {b} + {q * b}) + np.uintp(j)] = {final}"]
-        # the depthwise conv of output row oh from the ring
+        for mb in range(m):
+            body.append(f"{p}    for j in range({b}):")
+            for q in range(OWT):
+                lines, final = epilogue(wl, ops1, f"acc[{q * KTW + mb * b} + j]",
+                                        ["n", (f"kb0 + {mb}", "j", b), "r", f"w0 + {q}"],
+                                        wl.spec(f"v{d - 1}").shape, np.float32, "v0", var=f"e{q}_", unsigned=True)
+                body += [f"{p}        {ln}" for ln in lines]
+                body += [f"{p}        ring[sb + np.uintp({mb * blk} + w0 * {b} + {q * b}) + np.uintp(j)] = {final}"]
+        # the depthwise conv of output row oh from the ring, block by block
         NT2 = -(-g.OW // T2)
         init2 = f"bias2[np.uintp(kb * {b}) + np.uintp(j)]" if bias2 else zero
         body += [f"        have = ih0 + {ring - 1}",
-                 *[f"        rr{kh} = np.uintp(((ih0 + {kh * g.dh + g.pt}) % {ring}) * {rowsz})" for kh in range(KH)],
-                 f"        ob = np.uintp(n * {os_[0]} + kb * {os_[1]} + (oh + {g.hout}) * {os_[2]} + {g.hout * b})",
-                 f"        for t in range({NT2}):",
-                 f"            o0 = {shifted_start(f't * {T2}', g.OW, T2)}",
-                 f"            cb0 = np.uintp(o0 * {g.sw * b})",
-                 f"            for j in range({b}):",
-                 *[f"                a{q} = {init2}" for q in range(T2)]]
-        p = " " * 16
+                 f"        for mb in range({m}):",
+                 "            kb = kb0 + mb",
+                 *[f"            rr{kh} = np.uintp(mb * {blk} + ((ih0 + {kh * g.dh + g.pt}) % {ring}) * {rowsz})"
+                   for kh in range(KH)],
+                 f"            ob = np.uintp(n * {os_[0]} + kb * {os_[1]} + (oh + {g.hout}) * {os_[2]} + {g.hout * b})",
+                 f"            for t in range({NT2}):",
+                 f"                o0 = {shifted_start(f't * {T2}', g.OW, T2)}",
+                 f"                cb0 = np.uintp(o0 * {g.sw * b})",
+                 f"                for j in range({b}):",
+                 *[f"                    a{q} = {init2}" for q in range(T2)]]
+        p = " " * 20
         for kh in range(KH):
             for kw in range(KW):
                 body.append(f"{p}wk = w2[np.uintp(kb * {KH * KW * b} + {(kh * KW + kw) * b}) + np.uintp(j)]")
@@ -265,7 +292,7 @@ class ExpandDepthwise(Template):
 
         def pack(consts):
             flat = lambda a: np.ascontiguousarray(a, dtype=np.float32).reshape(-1)  # noqa: E731
-            res = {"w1": flat(np.asarray(consts[w1_arg], np.float32).reshape(KBN, b, C).transpose(0, 2, 1)),
+            res = {"w1": flat(np.asarray(consts[w1_arg], np.float32).reshape(KT, KTW, C).transpose(0, 2, 1)),
                    "w2": flat(np.asarray(consts[w2_arg], np.float32).reshape(KBN, b, KH, KW).transpose(0, 2, 3, 1))}
             if bias1:
                 res["bias1"] = flat(consts[b1_arg])
