@@ -1,7 +1,8 @@
 """`modelc.compile`: the pipeline from an ONNX model to an executable Module, top to bottom."""
 from __future__ import annotations
 
-from .extract import describe, workload_key, workload_of
+from .canonical import workload_key, workload_of
+from .extract import describe
 from .frontend import from_onnx
 from .ir import Graph
 from .kernels import templates as _templates  # noqa: F401  (registers the templates)

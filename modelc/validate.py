@@ -130,7 +130,7 @@ def check_workload(wl, path: str = "workload", key: str | None = None):
     a workload whose key was checked before is the same text, and is not checked again (a model
     repeats its layers, a log its workloads)."""
     from . import ops as registry
-    from .extract import KEY_VERSION, workload_key
+    from .canonical import KEY_VERSION, workload_key
     if key is not None and key in _validated_keys:
         try:
             if workload_key(wl) == key:

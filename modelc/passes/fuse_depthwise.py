@@ -16,8 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import target
+from ..canonical import workload_of
 from ..ir import Graph, Node
 from ..kernels.layout import physical_size
+from ..kernels.template import get
+from ..kernels.workload import Workload
 from .util import only_consumer
 
 
@@ -78,9 +81,6 @@ def _merge(graph: Graph, a: Node, b: Node, t: str) -> Node | None:
 
 
 def fuse_expand_depthwise(graph: Graph) -> Graph:
-    from ..extract import workload_of
-    from ..kernels.template import get
-    from ..kernels.workload import Workload
     tpl = get("expand_depthwise")
     for a in graph.topo():
         if a.name not in graph.nx or not _is_conv(a, depthwise=False):
