@@ -151,7 +151,7 @@ def _templates(model):
     return [t.template for t in extract_tasks(model)]
 
 
-def test_pass_fuses_the_pair_and_the_module_agrees_with_onnxruntime():
+def test_pass_fuses_the_pair_and_the_module_agrees_with_onnxruntime(tmp_path):
     model = _block_model()
     assert "expand_depthwise" in _templates(model)
     tasks = extract_tasks(model)
@@ -159,8 +159,14 @@ def test_pass_fuses_the_pair_and_the_module_agrees_with_onnxruntime():
     assert desc == "conv2d_bias_clip_depthwise_conv2d_bias_clip 1x16x32x32 k64 1x1 s1 p0 + 3x3 s1 p1"
     x = np.random.default_rng(1).standard_normal((1, 16, 32, 32)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    got = modelc.compile(model).run({"x": x})["y"]
+    mod = modelc.compile(model)
+    assert "conv2d_bias_clip_depthwise_conv2d_bias_clip" in mod.step_names
+    got = mod.run({"x": x})["y"]
     assert np.abs(got - want[0]).max() <= 1e-4 * np.abs(want[0]).max()
+    path = tmp_path / "block.mc"                 # a saved module regenerates the fused kernel from data
+    mod.save(str(path))
+    again = modelc.load(str(path)).run({"x": x})["y"]
+    assert np.array_equal(again, got)
 
 
 @pytest.mark.parametrize("kw", [dict(expand_out=True), dict(second_reader=True)])
