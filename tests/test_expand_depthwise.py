@@ -205,3 +205,66 @@ def test_defaults_fit_the_target(isa):
         accumulators = cfg["tile_ow"] * cfg["tile_oc_blocks"]
         assert tg.accumulators_in_flight <= accumulators <= tg.max_tile_vectors
         check(wl)
+
+
+def _bn(name, x, out, c, rng, inits):
+    """A BatchNormalization node with seeded statistics (the passes fold it into the conv before it)."""
+    for suffix, v in (("s", 1 + 0.1 * rng.standard_normal(c)), ("b", 0.1 * rng.standard_normal(c)),
+                      ("m", 0.1 * rng.standard_normal(c)), ("v", 1 + 0.1 * rng.random(c))):
+        inits.append(numpy_helper.from_array(v.astype(np.float32), f"{name}_{suffix}"))
+    return helper.make_node("BatchNormalization", [x, *(f"{name}_{s}" for s in "sbmv")], [out], name=name)
+
+
+def _exported_block(kind: str):
+    """Blocks as torchvision exports them (Conv without bias + BatchNormalization + activation):
+    ShuffleNetV2's branch (1x1 + ReLU, depthwise 3x3 s2 without activation, 1x1 + ReLU) behind a
+    channel shuffle, and MobileNetV3's (1x1 + HardSwish, depthwise 5x5 + HardSwish, squeeze-excitation
+    with HardSigmoid, 1x1, residual)."""
+    rng = np.random.default_rng(3)
+    inits, nodes = [], []
+
+    def w(name, shape):
+        inits.append(numpy_helper.from_array((rng.standard_normal(shape) * np.sqrt(2 / np.prod(shape[1:])))
+                                             .astype(np.float32), name))
+        return name
+    c, k = 24, 72
+    if kind == "shufflenet":
+        inits.append(numpy_helper.from_array(np.array([1, 2, c // 2, 20, 20], np.int64), "s5"))
+        inits.append(numpy_helper.from_array(np.array([1, c, 20, 20], np.int64), "s4"))
+        nodes += [helper.make_node("Reshape", ["x", "s5"], ["r5"]),
+                  helper.make_node("Transpose", ["r5"], ["t5"], perm=[0, 2, 1, 3, 4]),
+                  helper.make_node("Reshape", ["t5", "s4"], ["xs"]),
+                  helper.make_node("Conv", ["xs", w("w1", (k, c, 1, 1))], ["e"]), _bn("bn1", "e", "eb", k, rng, inits),
+                  helper.make_node("Relu", ["eb"], ["ea"]),
+                  helper.make_node("Conv", ["ea", w("w2", (k, 1, 3, 3))], ["d"], group=k, strides=[2, 2],
+                                   pads=[1, 1, 1, 1]), _bn("bn2", "d", "db", k, rng, inits),
+                  helper.make_node("Conv", ["db", w("w3", (c, k, 1, 1))], ["p"]), _bn("bn3", "p", "pb", c, rng, inits),
+                  helper.make_node("Relu", ["pb"], ["y"])]
+        out = [1, c, 10, 10]
+    else:
+        nodes += [helper.make_node("Conv", ["x", w("w1", (k, c, 1, 1))], ["e"]), _bn("bn1", "e", "eb", k, rng, inits),
+                  helper.make_node("HardSwish", ["eb"], ["ea"]),
+                  helper.make_node("Conv", ["ea", w("w2", (k, 1, 5, 5))], ["d"], group=k, pads=[2, 2, 2, 2]),
+                  _bn("bn2", "d", "db", k, rng, inits), helper.make_node("HardSwish", ["db"], ["da"]),
+                  helper.make_node("GlobalAveragePool", ["da"], ["g"]),
+                  helper.make_node("Conv", ["g", w("ws1", (16, k, 1, 1))], ["g1"]),
+                  helper.make_node("Relu", ["g1"], ["g2"]),
+                  helper.make_node("Conv", ["g2", w("ws2", (k, 16, 1, 1))], ["g3"]),
+                  helper.make_node("HardSigmoid", ["g3"], ["g4"], alpha=1 / 6),
+                  helper.make_node("Mul", ["da", "g4"], ["se"]),
+                  helper.make_node("Conv", ["se", w("w3", (c, k, 1, 1))], ["p"]), _bn("bn3", "p", "pb", c, rng, inits),
+                  helper.make_node("Add", ["pb", "x"], ["y"])]
+        out = [1, c, 20, 20]
+    return onnx_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 20, 20])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits)
+
+
+@pytest.mark.parametrize("kind", ["shufflenet", "mobilenetv3"])
+def test_exported_blocks_fuse_and_agree_with_onnxruntime(kind):
+    model = _exported_block(kind)
+    mod = modelc.compile(model)
+    assert any("depthwise" in n and n.startswith("conv2d") for n in mod.step_names), mod.step_names
+    x = np.random.default_rng(2).standard_normal((1, 24, 20, 20)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = mod.run({"x": x})["y"]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
