@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-
 from .canonical import COMMUTATIVE, KEY_VERSION, workload_key, workload_of  # noqa: F401  (their home)
 from .frontend import from_onnx
 from .ir import Graph, Node
@@ -25,7 +24,6 @@ from .te.workload import view
 from .ops.cost import node_macs
 from .ops.internal import CONVS
 from .passes.lower import lower
-
 
 
 @dataclass(eq=False)
@@ -110,15 +108,12 @@ def describe(graph: Graph, node: Node) -> str:
         d = a.attrs.get("dilations", [1])
         extra = f" g{a.attrs['group']}" if a.attrs.get("group", 1) > 1 else ""
         extra += f" d{d[0]}" if max(d) > 1 else ""
-        sp = s[0] if len(set(s)) == 1 else dims(s)
-        pp = p[0] if len(set(p)) == 1 else dims(p)
+        one = lambda v: v[0] if len(set(v)) == 1 else dims(v)  # noqa: E731
         second = next((n for n in g.topo()[1:] if n.op_type in CONVS), None)
         if second is not None:          # a fused pair (expand + depthwise): the second conv's window
-            sw, s2, p2 = g.tensors[second.inputs[1]].shape, second.attrs.get("strides", [1]), \
-                second.attrs.get("pads", [0])
-            extra += f" + {dims(sw[2:])} s{s2[0] if len(set(s2)) == 1 else dims(s2)}" \
-                     f" p{p2[0] if len(set(p2)) == 1 else dims(p2)}"
-        return f"{pattern} {dims(x)} k{w[0]} {dims(w[2:])} s{sp} p{pp}{extra}"
+            extra += f" + {dims(g.tensors[second.inputs[1]].shape[2:])} s{one(second.attrs.get('strides', [1]))}" \
+                     f" p{one(second.attrs.get('pads', [0]))}"
+        return f"{pattern} {dims(x)} k{w[0]} {dims(w[2:])} s{one(s)} p{one(p)}{extra}"
     if a.op_type == "Dense":
         return f"{pattern} {dims(x)} n{g.tensors[a.inputs[1]].shape[1]}"
     if a.op_type == "MatMul":
