@@ -107,7 +107,9 @@ def test_every_output_is_stored_by_one_item(s, groups, m):
 
 
 def test_not_taken():
-    """A 1x1 epilogue reading another tensor, a strided 1x1 conv, a second conv that is not depthwise."""
+    """A 1x1 epilogue reading another tensor, a strided 1x1 conv, a second conv that is not depthwise,
+    rows so wide that the ring would not fit a thread's stack."""
+    assert template.select(ed_wl(16, 32, 4, w=1100, kh=5)).name != "expand_depthwise"
     wl = ed_wl(16, 32, 8)
     j = dict(wl.json)
     bad = dict(j, ops=[dict(j["ops"][0], attrs={**j["ops"][0]["attrs"], "strides": [2, 2]})] + j["ops"][1:])

@@ -37,6 +37,7 @@ OWT_CANDIDATES = [1, 2, 4, 7, 8, 14, 16, 28]
 DW_CANDIDATES = [1, 2, 4, 7, 8, 14, 16]
 GROUP_CANDIDATES = [1, 2, 3, 4, 6, 8]
 MAX_TAPS = 256               # depthwise multiply-adds written out per lane loop (bounds compile time)
+MAX_RING_FLOATS = 48 << 10   # 192 KB of ring on a thread's stack per item (as winograd's MAX_STACK_FLOATS)
 
 
 def split(wl: Workload) -> int | None:
@@ -121,7 +122,8 @@ class ExpandDepthwise(Template):
                 k % out.layout[0] or any(wl.spec(f"v{j}").shape != out.shape for j in range(d, len(wl.ops))):
             return False
         g = Geometry(wl, d)
-        return g.W >= 1 and max(g.pt, g.pb) < g.ring and max(g.pl, g.pr) < (g.KW - 1) * g.dw + 1
+        return g.W >= 1 and max(g.pt, g.pb) < g.ring and max(g.pl, g.pr) < (g.KW - 1) * g.dw + 1 and \
+            g.ring * g.BW * g.b <= MAX_RING_FLOATS          # a wide image's ring would not fit a stack
 
     def space(self, wl: Workload) -> ConfigSpace:
         g = Geometry(wl, split(wl))
@@ -143,7 +145,8 @@ class ExpandDepthwise(Template):
             wvec = cfg["tile_oc_blocks"] * vec
             acc = cfg["tile_ow"] * wvec
             return acc <= tg.max_tile_vectors and acc + 2 * wvec + extra <= tg.vector_registers and \
-                cfg["tile_dw"] * vec <= most and cfg["tile_dw"] * g.KH * g.KW <= MAX_TAPS
+                cfg["tile_dw"] * vec <= most and cfg["tile_dw"] * g.KH * g.KW <= MAX_TAPS and \
+                cfg["tile_oc_blocks"] * g.ring * g.BW * g.b <= MAX_RING_FLOATS
         sp.constraint = valid
         return sp
 
