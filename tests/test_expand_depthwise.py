@@ -23,18 +23,21 @@ CLIP = {"p0": {"dtype": "float32", "shape": [], "value": 0.0}, "p1": {"dtype": "
 
 
 def ed_wl(c, k, h, w=None, kh=3, s=1, pads=None, d=1, n=1, hin=0, hout=0, act1="Clip", act2="Clip",
-          bias1=True, bias2=True, res=False):
-    """The workload `workload_of` writes for Conv 1x1 [+ bias] + act1 -> depthwise Conv [+ bias] + act2
-    [+ residual Add], in the blocked layout."""
-    w = w or h
+          bias1=True, bias2=True, res=False, k1=1, s1=1):
+    """The workload `workload_of` writes for Conv k1 x k1 (stride s1, padding k1 // 2, from the input's
+    halo) [+ bias] + act1 -> depthwise Conv [+ bias] + act2 [+ residual Add], in the blocked layout."""
+    p1 = k1 // 2
+    x_h, x_w = h, w or h
+    h, w = (x_h + 2 * p1 - k1) // s1 + 1, (x_w + 2 * p1 - k1) // s1 + 1        # the expanded tensor
+    hin = max(hin, p1)
     pads = pads if pads is not None else [(kh - 1) * d // 2] * 4
     oh = (h + pads[0] + pads[2] - d * (kh - 1) - 1) // s + 1
     ow = (w + pads[1] + pads[3] - d * (kh - 1) - 1) // s + 1
     cb, b = choose_block(c), choose_block(k)
-    inputs = [{"shape": [n, c, h, w], "dtype": "float32", "const": False, "layout": [cb, hin]},
-              {"shape": [k, c, 1, 1], "dtype": "float32", "const": True}]
-    ops = [{"op": "Conv", "attrs": {"dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4, "strides": [1, 1]},
-            "args": ["i0", "i1"]}]
+    inputs = [{"shape": [n, c, x_h, x_w], "dtype": "float32", "const": False, "layout": [cb, hin]},
+              {"shape": [k, c, k1, k1], "dtype": "float32", "const": True}]
+    ops = [{"op": "Conv", "attrs": {"dilations": [1, 1], "kernel_shape": [k1, k1], "pads": [p1] * 4,
+                                    "strides": [s1, s1]}, "args": ["i0", "i1"]}]
     if bias1:
         inputs.append({"shape": [k], "dtype": "float32", "const": True})
         ops[0]["args"].append("i2")
@@ -85,6 +88,8 @@ def check(wl, extra=()):
     (dict(c=24, k=48, h=10, kh=5, s=2, act1="SiLU", act2="SiLU", n=2), [dict(row_groups=4, tile_oc_blocks=3)]),
     (dict(c=8, k=16, h=9, kh=3, s=2, pads=[0, 0, 1, 1], bias1=False, bias2=False, act1="Relu", act2=None), []),
     (dict(c=16, k=16, h=12, d=2, res=True, act2=None), [dict(tile_dw=1, row_groups=6)]),
+    (dict(c=3, k=32, h=23, k1=3, s1=2, act1="SiLU"), [dict(tile_ow=4, row_groups=3, tile_oc_blocks=2)]),  # stem
+    (dict(c=4, k=32, h=10, w=13, k1=3, s1=1, s=2, n=2), [dict(tile_ow=2, tile_dw=2)]),
 ])
 def test_fused_kernel_agrees_with_the_reference(case, extra):
     check(ed_wl(**case), extra)
@@ -107,13 +112,17 @@ def test_every_output_is_stored_by_one_item(s, groups, m):
 
 
 def test_not_taken():
-    """A 1x1 epilogue reading another tensor, a strided 1x1 conv, a second conv that is not depthwise,
-    rows so wide that the ring would not fit a thread's stack."""
+    """A first conv whose padding is not in the input's halo, a 1x1 epilogue reading another tensor,
+    a second conv that is not depthwise, rows so wide that the ring would not fit a thread's stack, a
+    3x3 first conv over more than an image's channels."""
+    stem = ed_wl(3, 32, 9, k1=3, s1=2).json
+    assert template.select(Workload(stem)).name == "expand_depthwise"
+    no_halo = dict(stem, inputs=[dict(stem["inputs"][0], layout=[3, 0])] + stem["inputs"][1:])
+    assert template.select(Workload(no_halo)).name != "expand_depthwise"
     assert template.select(ed_wl(16, 32, 4, w=1100, kh=5)).name != "expand_depthwise"
+    assert template.select(ed_wl(16, 32, 8, k1=3)).name != "expand_depthwise"       # conv2d's work
     wl = ed_wl(16, 32, 8)
     j = dict(wl.json)
-    bad = dict(j, ops=[dict(j["ops"][0], attrs={**j["ops"][0]["attrs"], "strides": [2, 2]})] + j["ops"][1:])
-    assert template.select(Workload(bad)).name != "expand_depthwise"
     ops = [dict(o) for o in j["ops"]]
     ops[1] = {"op": "Add", "attrs": {}, "args": ["v0", f"i{len(j['inputs'])}"]}
     res = {"shape": [1, 32, 8, 8], "dtype": "float32", "const": False, "layout": [choose_block(32), 0]}

@@ -1,24 +1,26 @@
-"""A pointwise (1x1) convolution and the depthwise convolution that reads it, as one kernel.
+"""A convolution and the depthwise convolution that reads it, as one kernel.
 
 MobileNet's and EfficientNet's blocks expand the channels with a 1x1 conv and filter each expanded
-channel with a depthwise conv; unfused, the expanded tensor (96 x 112 x 112 floats in MobileNetV2,
-4.8 MB) is written by one kernel and read back by the next from L3 or memory. Here the 1x1 conv
-computes the rows of one block of expanded channels into a ring of KH rows on the stack (the
-depthwise filter's height; a few KiB, in L1), and the depthwise conv reads its taps from there
-(passes/fuse_depthwise.py says when a pair is fused). Each row of the expanded tensor is computed
-once per parallel item: an item is (image, tile of channel blocks, group of output rows), so only
-the rows a group shares with the one above it are computed twice.
+channel with a depthwise conv (and their stems run a 3x3 stride-2 conv before one); unfused, the
+expanded tensor (96 x 112 x 112 floats in MobileNetV2, 4.8 MB) is written by one kernel and read
+back by the next from L3 or memory. Here the first conv computes the rows of a few blocks of
+expanded channels into a ring of KH rows on the stack (the depthwise filter's height; a few KiB,
+in L1), and the depthwise conv reads its taps from there (passes/fuse_depthwise.py says when a pair
+is fused). Each row of the expanded tensor is computed once per parallel item: an item is (image,
+tile of channel blocks, group of output rows), so only the rows a group shares with the one above
+it are computed twice.
 
-Input [N, C/cb, H+2h, W+2h, cb]; the 1x1 weights packed as [K/(m b), C, m b], the depthwise ones as
-[K/b, KH, KW, b]; output [N, K/b, OH+2h', OW+2h', b]. The 1x1 part is conv2d's register tile (OWT
-pixels x one vector of b channels, a broadcast input times a weight vector per channel); the
-depthwise part is depthwise_conv2d's (a tile of output pixels, one lane loop). Each part's
-elementwise epilogue (bias, Clip = ReLU6, SiLU ...) runs on its tile; the ring's rows outside the
-image and its columns outside the row are zeros (the depthwise conv's padding).
+Input [N, C/cb, H+2h, W+2h, cb] (its halo is the first conv's padding); the first conv's weights
+packed as [K/(m b), C/cb, KH1, KW1, cb, m b], the depthwise ones as [K/b, KH, KW, b]; output
+[N, K/b, OH+2h', OW+2h', b]. The first conv's part is conv2d's register tile (OWT pixels x m
+vectors of b channels, a broadcast input times a weight vector per channel); the depthwise part is
+depthwise_conv2d's (a tile of output pixels, one lane loop). Each part's elementwise epilogue (bias,
+Clip = ReLU6, SiLU ...) runs on its tile; the ring's rows outside the image and its columns outside
+the row are zeros (the depthwise conv's padding).
 
-Knobs: `tile_ow` (pixels of the 1x1 tile), `tile_oc_blocks` (blocks of b channels an item computes:
-the 1x1 tile's vectors per pixel), `tile_dw` (output pixels of the depthwise tile), `row_groups`
-(output rows split into this many parallel items per channel tile).
+Knobs: `tile_ow` (pixels of the first conv's tile), `tile_oc_blocks` (blocks of b channels an item
+computes: the tile's vectors per pixel), `tile_dw` (output pixels of the depthwise tile),
+`row_groups` (output rows split into this many parallel items per channel tile).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ OWT_CANDIDATES = [1, 2, 4, 7, 8, 14, 16, 28]
 DW_CANDIDATES = [1, 2, 4, 7, 8, 14, 16]
 GROUP_CANDIDATES = [1, 2, 3, 4, 6, 8]
 MAX_TAPS = 256               # depthwise multiply-adds written out per lane loop (bounds compile time)
+MAX_STEM_CHANNELS = 8       # input channels of a first conv wider than 1x1 (an image's: RGB, RGBA ...)
 MAX_RING_FLOATS = 48 << 10   # 192 KB of ring on a thread's stack per item (as winograd's MAX_STACK_FLOATS)
 
 
@@ -71,8 +74,12 @@ class Geometry:
     def __init__(self, wl: Workload, d: int):
         pw_, dw_ = wl.ops[0], wl.ops[d]
         x = wl.spec(pw_.args[0])
-        self.N, self.C, self.H, self.W = x.shape
+        self.N, self.C, self.XH, self.XW = x.shape
         self.cb, self.hin = x.layout
+        self.H, self.W = wl.spec(f"v{d - 1}").shape[2:]          # the expanded tensor's rows, columns
+        self.KH1, self.KW1 = wl.spec(pw_.args[1]).shape[2:]      # the first conv's window
+        self.s1h, self.s1w = pw_.attrs.get("strides", [1, 1])
+        self.p1t, self.p1l = pw_.attrs.get("pads", [0, 0, 0, 0])[:2]
         self.K = wl.spec(pw_.args[1]).shape[0]
         out = wl.outputs[0]
         self.OH, self.OW = out.shape[2:]
@@ -101,11 +108,14 @@ class ExpandDepthwise(Template):
             return False
         n, c = x.shape[:2]
         w1 = wl.spec(pw_.args[1]).shape if pw_.args[1].startswith("i") else None
-        if w1 is None or len(w1) != 4 or w1[1:] != (c, 1, 1) or not _const_input(wl, pw_.args[1], w1):
+        if w1 is None or len(w1) != 4 or w1[1] != c or not _const_input(wl, pw_.args[1], w1):
             return False
         k = w1[0]
-        if int(pw_.attrs.get("group", 1)) != 1 or any(v != 1 for v in pw_.attrs.get("strides", [1])) or \
-                any(v != 0 for v in pw_.attrs.get("pads", [0])) or any(v != 1 for v in pw_.attrs.get("dilations", [1])):
+        # the first conv: a 1x1, or a wider window over an image's few channels (a stem's 3x3 stride
+        # 2); a wide conv over many channels is conv2d's or Winograd's work, whose tiles this lacks
+        if int(pw_.attrs.get("group", 1)) != 1 or any(v != 1 for v in pw_.attrs.get("dilations", [1])) or \
+                len(pw_.attrs.get("pads", [0] * 4)) != 4 or max(pw_.attrs.get("pads", [0])) > x.layout[1] or \
+                (w1[2:] != (1, 1) and c > MAX_STEM_CHANNELS):
             return False
         if len(pw_.args) > 2 and pw_.args[2] and not _const_input(wl, pw_.args[2], (k,)):
             return False
@@ -195,7 +205,7 @@ class ExpandDepthwise(Template):
         ring, BW = g.ring, g.BW
         rowsz = BW * b
         blk = ring * rowsz                       # one block's ring
-        xs = strides(physical_shape((g.N, g.C, g.H, g.W), (cb, g.hin)))
+        xs = strides(physical_shape((g.N, g.C, g.XH, g.XW), (cb, g.hin)))
         out = wl.outputs[0]
         os_ = strides(physical_shape(out.shape, out.layout))
         x_arg = int(pw_.args[0][1:])
@@ -219,7 +229,7 @@ class ExpandDepthwise(Template):
                  f"    oh_b = min(oh_a + {RG}, {g.OH})",
                  f"    have = oh_a * {g.sh} - {g.pt + 1}",
                  f"    xn = n * {xs[0]}",
-                 f"    w1b = kt * {g.C * KTW}",
+                 f"    w1b = kt * {g.C * g.KH1 * g.KW1 * KTW}",
                  "    for oh in range(oh_a, oh_b):",
                  f"        ih0 = oh * {g.sh} - {g.pt}",
                  f"        for r in range(max(have + 1, ih0), ih0 + {ring}):",
@@ -238,15 +248,24 @@ class ExpandDepthwise(Template):
                  f"{p}    acc = stack_empty({OWT * KTW}, np.float32)",
                  f"{p}    for j in range({KTW}):",
                  *[f"{p}        acc[{q * KTW} + j] = {init1}" for q in range(OWT)],
-                 f"{p}    for ci in range({CBI}):",
-                 f"{p}        xb = np.uintp(xn + ci * {xs[1]} + (r + {g.hin}) * {xs[2]} + (w0 + {g.hin}) * {cb})",
-                 f"{p}        wb = np.uintp(w1b + ci * {cb * KTW})",
-                 f"{p}        for c in range({cb}):",
-                 *[f"{p}            x{q} = {X}[xb + np.uintp({q * cb} + c)]" for q in range(OWT)],
-                 f"{p}            wo = wb + np.uintp(c * {KTW})",
-                 f"{p}            for j in range({KTW}):",
-                 f"{p}                wv = w1[wo + np.uintp(j)]",
-                 *[f"{p}                acc[{q * KTW} + j] += x{q} * wv" for q in range(OWT)]]
+                 f"{p}    for ci in range({CBI}):"]
+        # the first conv's window: loops only where it is wider than one (a 1x1 conv has none)
+        win, kh1, kw1 = p + "        ", "0", "0"
+        if g.KH1 > 1:
+            body.append(f"{win}for kh1 in range({g.KH1}):")
+            win, kh1 = win + "    ", "kh1"
+        if g.KW1 > 1:
+            body.append(f"{win}for kw1 in range({g.KW1}):")
+            win, kw1 = win + "    ", "kw1"
+        body += [f"{win}xb = np.uintp(xn + ci * {xs[1]} + (r * {g.s1h} + {kh1} + {g.hin - g.p1t}) * {xs[2]} "
+                 f"+ (w0 * {g.s1w} + {kw1} + {g.hin - g.p1l}) * {cb})",
+                 f"{win}wb = np.uintp(w1b + ((ci * {g.KH1} + {kh1}) * {g.KW1} + {kw1}) * {cb * KTW})",
+                 f"{win}for c in range({cb}):",
+                 *[f"{win}    x{q} = {X}[xb + np.uintp({q * g.s1w * cb} + c)]" for q in range(OWT)],
+                 f"{win}    wo = wb + np.uintp(c * {KTW})",
+                 f"{win}    for j in range({KTW}):",
+                 f"{win}        wv = w1[wo + np.uintp(j)]",
+                 *[f"{win}        acc[{q * KTW} + j] += x{q} * wv" for q in range(OWT)]]
         ops1 = wl.ops[1:d]
         for mb in range(m):
             body.append(f"{p}    for j in range({b}):")
@@ -291,11 +310,10 @@ class ExpandDepthwise(Template):
         w1_arg, w2_arg = int(pw_.args[1][1:]), int(dw_.args[1][1:])
         b1_arg = int(pw_.args[2][1:]) if bias1 else None
         b2_arg = int(dw_.args[2][1:]) if bias2 else None
-        C = g.C
-
         def pack(consts):
             flat = lambda a: np.ascontiguousarray(a, dtype=np.float32).reshape(-1)  # noqa: E731
-            res = {"w1": flat(np.asarray(consts[w1_arg], np.float32).reshape(KT, KTW, C).transpose(0, 2, 1)),
+            w1 = np.asarray(consts[w1_arg], np.float32).reshape(KT, KTW, CBI, cb, g.KH1, g.KW1)
+            res = {"w1": flat(w1.transpose(0, 2, 4, 5, 3, 1)),            # [K/(m b), C/cb, KH1, KW1, cb, m b]
                    "w2": flat(np.asarray(consts[w2_arg], np.float32).reshape(KBN, b, KH, KW).transpose(0, 2, 3, 1))}
             if bias1:
                 res["bias1"] = flat(consts[b1_arg])
