@@ -180,6 +180,15 @@ def test_pass_fuses_the_pair_and_the_module_agrees_with_onnxruntime(tmp_path):
     assert np.array_equal(again, got)
 
 
+def test_pass_can_be_disabled():
+    """`fuse_depthwise.disabled()` compiles the pair as two groups (benchmarks/fusion.py's baseline)."""
+    from modelc.passes import fuse_depthwise
+    model = _block_model()
+    with fuse_depthwise.disabled():
+        assert "expand_depthwise" not in _templates(model)
+    assert "expand_depthwise" in _templates(model)
+
+
 @pytest.mark.parametrize("kw", [dict(expand_out=True), dict(second_reader=True)])
 def test_pass_leaves_a_shared_expanded_tensor_alone(kw):
     assert "expand_depthwise" not in _templates(_block_model(**kw))

@@ -13,6 +13,9 @@ tensor, the block's largest, never leaves the cache. A pair is fused when
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 
 from .. import target
@@ -22,6 +25,20 @@ from ..kernels.layout import physical_size
 from ..kernels.template import get
 from ..kernels.workload import Workload
 from .util import only_consumer
+
+
+_DISABLED = contextvars.ContextVar("fuse_depthwise_disabled", default=False)
+
+
+@contextlib.contextmanager
+def disabled():
+    """Compile without this fusion inside the block (as TVM's PassContext(disabled_pass=...)): to
+    measure what it brings (benchmarks/fusion.py), or to use tuning records of the unfused groups."""
+    token = _DISABLED.set(True)
+    try:
+        yield
+    finally:
+        _DISABLED.reset(token)
 
 
 def _anchor(node: Node) -> Node | None:
@@ -81,6 +98,8 @@ def _merge(graph: Graph, a: Node, b: Node, t: str) -> Node | None:
 
 
 def fuse_expand_depthwise(graph: Graph) -> Graph:
+    if _DISABLED.get():
+        return graph
     tpl = get("expand_depthwise")
     for a in graph.topo():
         if a.name not in graph.nx or not _is_conv(a, depthwise=False):
