@@ -101,3 +101,36 @@ def test_no_kernel_keeps_the_address_of_a_callers_array_after_run():
     ctx = mod._free[0]
     words = {int(w[k]) for w, k in ctx.slots[0]}
     assert words == {ctx.inputs[0].ctypes.data}
+
+
+def test_outputs_belong_to_the_caller():
+    """Each output is a fresh C-contiguous array in logical order (the blocked conv output's
+    halo and lanes undone), not a view of the module's buffers: the next run leaves it alone. An
+    output the compiler folded to a constant comes back as well, in the model's output order."""
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.2, "w")
+    k = numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(2, 3), "k")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+             helper.make_node("Identity", ["k"], ["const_out"]),
+             helper.make_node("Relu", ["y"], ["r"])]
+    outs = [helper.make_tensor_value_info("const_out", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8]),
+            helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 16, 8, 8])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                          outs, [w, k])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    mod = modelc.compile(model)
+    x1, x2 = (rng.standard_normal((1, 8, 8, 8)).astype(np.float32) for _ in range(2))
+    first = mod.run({"x": x1})
+    assert list(first) == ["const_out", "y", "r"]
+    kept = {n: a.copy() for n, a in first.items()}
+    second = mod.run({"x": x2})
+    _close(first, _want(model, x1))
+    _close(second, _want(model, x2))
+    ctx = mod._free[0]
+    for name, a in first.items():
+        assert np.array_equal(a, kept[name]), name
+        assert a.flags.c_contiguous and a.flags.writeable and a.shape == kept[name].shape
+        assert not any(np.may_share_memory(a, b) for b in ctx.buffers), name
+        assert not np.may_share_memory(a, second[name]), name

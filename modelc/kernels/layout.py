@@ -104,13 +104,20 @@ def to_physical(arr: np.ndarray, layout) -> np.ndarray:
     return out.reshape(-1)
 
 
-def from_physical(flat: np.ndarray, shape, layout) -> np.ndarray:
+def logical_view(flat: np.ndarray, shape, layout) -> np.ndarray:
+    """A view of a flat physical buffer in logical element order: `shape` itself without a layout,
+    [N, C/b, b, H, W] (halo cut off, lanes moved before the rows) in a blocked one, which a
+    C-order copy turns into the logical [N, C, H, W] by a free reshape."""
     if not layout:
         return flat.reshape(shape)
     b, h = layout
     n, c, hh, ww = shape
     p = flat.reshape(physical_shape(shape, layout))
-    return np.ascontiguousarray(p[:, :, h:h + hh, h:h + ww, :].transpose(0, 1, 4, 2, 3)).reshape(shape)
+    return p[:, :, h:h + hh, h:h + ww, :].transpose(0, 1, 4, 2, 3)
+
+
+def from_physical(flat: np.ndarray, shape, layout) -> np.ndarray:
+    return np.ascontiguousarray(logical_view(flat, shape, layout)).reshape(shape)
 
 
 def same_as_plain(shape, layout) -> bool:

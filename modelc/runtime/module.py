@@ -24,7 +24,7 @@ from ..errors import InputError, ModelcError
 from ..kernels import cache, launch
 from ..kernels import templates as _templates  # noqa: F401  (registers the templates)
 from ..kernels.fallback import why as fallback_why
-from ..kernels.layout import from_physical, physical_size, same_as_plain, to_physical
+from ..kernels.layout import logical_view, physical_size, same_as_plain, to_physical
 from ..kernels.template import get as get_template
 from ..kernels.workload import Workload
 from ..validate import DocumentError, check_program
@@ -138,7 +138,18 @@ class _Context:
             self.calls.append(fn.bind(args) if k.source is not None else functools.partial(fn, *args))
         self.program = _sequences(self.calls)
         self.inputs = [buf(i["name"]) for i in mod.input_specs]
+        self.home = [b.ctypes.data for b in self.inputs]
         self.array = buf                   # a tensor's memory (a stretch of a buffer, for a Concat's input)
+        # each output read in logical order, made once: what `run` does after the kernels is one
+        # copy per output (the Python there runs on caches the kernels have just emptied: its few
+        # lookups and calls cost 0.14 ms on MobileNetV2's 4.6, AMD EPYC Zen 4)
+        self.outputs = []
+        for o in mod.output_specs:
+            t = mod._tensors[o["name"]]
+            if not t["const"]:
+                self.outputs.append((o["name"], logical_view(buf(o["name"]), tuple(o["shape"]),
+                                                             tuple(t["layout"]) if t["layout"] else None),
+                                     tuple(o["shape"])))
         outputs = {plan.tensor_buffer.get(o["name"]) for o in mod.output_specs}
         self.slots = [_pointer_slots(self.program, b) if plan.tensor_buffer[i["name"]] not in outputs else None
                       for i, b in zip(mod.input_specs, self.inputs)]
@@ -167,9 +178,9 @@ class _Context:
     def unbind(self):
         """Point the argument words back at the context's own buffers: a caller's array may be
         freed once `run` returns, and nothing may read it after."""
-        for buf, slots in zip(self.inputs, self.slots):
+        for addr, slots in zip(self.home, self.slots):
             for words, k in slots or ():
-                words[k] = buf.ctypes.data
+                words[k] = addr
 
 
 def _pointer_slots(program: list, buf: np.ndarray) -> list | None:
@@ -299,21 +310,21 @@ class Module:
         try:
             ctx.feed(xs)
             ctx.execute()
-            out = {}
-            for name, shape, spec in self._out:
-                t = self._tensors[name]
-                if t["const"]:
-                    out[name] = np.array(self.constants[name])
-                else:
-                    out[name] = from_physical(ctx.array(name), shape,
-                                              tuple(t["layout"]) if t["layout"] else None).copy()
+            got = {name: view.copy().reshape(shape) for name, view, shape in ctx.outputs}
         finally:
             ctx.unbind()
             self._release(ctx)
-        return out
+        if len(got) == len(self._out):
+            return got
+        return {name: got[name] if name in got else np.array(self.constants[name]) for name, *_ in self._out}
 
     def _inputs(self, feeds: dict) -> list:
         """The input arrays of `feeds`, in the model's order, checked (an InputError names the problem)."""
+        if isinstance(feeds, dict) and len(feeds) == len(self._in):      # the usual call, checked in one pass
+            xs = [feeds.get(name) for name, *_ in self._in]
+            if all(type(x) is np.ndarray and x.shape == shape and x.dtype == dtype
+                   for x, (_, shape, dtype) in zip(xs, self._in)):
+                return xs
         names = [n for n, *_ in self._in]
         if not isinstance(feeds, dict):
             raise InputError(f"feeds must be a dict of input name -> array; the model's inputs are {names}")
