@@ -227,6 +227,24 @@ def test_defaults_fit_the_target(isa):
         check(wl)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_depthwise_tile_leaves_registers_to_a_polynomial_epilogue(isa):
+    """SiLU's sigmoid keeps a few vectors live per depthwise pixel: the default depthwise tile takes a
+    quarter of the registers under it (AVX2: 4 pixels, where 8 spilled), half under a Clip."""
+    tg = (target.Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads=2) if isa == "avx2"
+          else target.Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl", threads=2))
+    with target.use(tg):
+        tiles = {}
+        for act in ("Clip", "SiLU"):
+            wl = ed_wl(24, 96, 28, act1=act, act2=act)
+            tpl = template.select(wl)
+            tiles[act] = tpl.default_config(wl, tpl.space(wl))["tile_dw"]
+            vec = -(-wl.outputs[0].layout[0] // tg.lanes(4))
+            assert tiles[act] * vec <= tg.vector_registers // (4 if act == "SiLU" else 2)
+        assert tiles == ({"Clip": 8, "SiLU": 4} if isa == "avx2" else {"Clip": 8, "SiLU": 8})
+        check(wl)
+
+
 def _bn(name, x, out, c, rng, inits):
     """A BatchNormalization node with seeded statistics (the passes fold it into the conv before it)."""
     for suffix, v in (("s", 1 + 0.1 * rng.standard_normal(c)), ("b", 0.1 * rng.standard_normal(c)),
