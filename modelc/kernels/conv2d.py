@@ -108,17 +108,22 @@ class Conv2d(Template):
         tg = target.current()
         # as many output channels per pixel as one vector holds (at least one block), two vectors
         # where every broadcast input costs a load of its own (AVX2: a 1x1 conv 192 -> 32 on 28x28
-        # ran 0.056 ms with 7 pixels x 1 vector, 0.049 with 4 x 2; onnxruntime 0.052)
+        # ran 0.056 ms with 7 pixels x 1 vector, 0.049 with 4 x 2; onnxruntime 0.052), among the
+        # block counts whose last tile recomputes little: 24 channels in blocks of 8 are 3 blocks, and
+        # tiles of 2 computed a fourth (1x1 convs 144 -> 24 on 56x56 ran 0.78-0.86 of their time with
+        # 3 blocks per tile, AVX2 and AVX-512 alike)
         per_pixel = tg.lanes(4) * (1 if tg.broadcast_in_fma else 2)
-        ms = [m for m in space.knobs[1].values if m * g.KB <= per_pixel] or space.knobs[1].values[:1]
-        vectors = -(-max(ms) * g.KB // tg.lanes(4))         # accumulator vectors per pixel
-        want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // vectors
-        owts = [t for t in space.knobs[0].values if t * vectors <= tg.max_tile_vectors] or \
-            space.knobs[0].values[:1]
+        blocks = g.K // g.KB
+        ms = [m for m in space.knobs[1].values if -(-blocks // m) * m <= 1.25 * blocks] or space.knobs[1].values[:1]
+        m = min(ms, key=lambda m: (abs(m * g.KB - per_pixel), -m))
+        vectors = -(-m * g.KB // tg.lanes(4))               # accumulator vectors per pixel
+        want = -(-max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // vectors)
+        rest = {"tile_oc_blocks": m, "tile_oh": 1, "reduction_order": ["c", "kh", "kw"], "unroll_kw": False}
+        owts = [t for t in space.knobs[0].values if t * vectors <= tg.max_tile_vectors
+                and space.is_valid(space.from_values({"tile_ow": t, **rest}))] or space.knobs[0].values[:1]
         waste = row_waste(g.OW)
         best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
-        return space.from_values({"tile_ow": best, "tile_oc_blocks": max(ms), "tile_oh": 1,
-                                  "reduction_order": ["c", "kh", "kw"], "unroll_kw": False})
+        return space.from_values({"tile_ow": best, **rest})
 
     def build(self, wl: Workload, cfg) -> Kernel:
         g = conv_geometry(wl)
