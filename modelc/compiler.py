@@ -6,7 +6,7 @@ from .extract import describe
 from .frontend import from_onnx
 from .ir import Graph
 from .kernels import templates as _templates  # noqa: F401  (registers the templates)
-from .kernels.template import alternatives, select
+from .kernels.template import alternatives, select, untuned
 from .kernels.template import get as get_template
 from .kernels.workload import Workload
 from .passes.lower import lower
@@ -24,11 +24,11 @@ def build_program(fused: Graph) -> tuple[dict, dict]:
         key = workload_key(wl)
         view = Workload(wl)
         tpl = select(view)
-        name, config = tpl.name, None
+        name, config = untuned(view).name, None
         if ctx is not None and tpl.tunable:
             # the fastest record among the algorithms that can run it (direct or Winograd ...)
             algos = [tpl.name] + [t.name for t in alternatives(view, tpl)]
-            name, config = ctx.choose(key, algos) or (name, None)
+            name, config = ctx.choose(key, algos, untuned=name) or (name, None)
         steps.append({"key": key, "pattern": node.attrs.get("pattern", node.op_type),
                       "desc": describe(fused, node), "template": name, "config": config,
                       "workload": wl, "inputs": list(node.inputs), "outputs": list(node.outputs)})

@@ -84,14 +84,14 @@ def test_what_it_matches():
     assert not WINO.matches(conv2d_wl(C=16, H=3, W=3, K=16, k=3, s=1, p=0, hin=0, hout=0))
 
 
-def _model(path):
+def _model(path, hw=20):
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array((rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32), "w")
     b = numpy_helper.from_array(rng.standard_normal(32).astype(np.float32), "b")
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["y"])]
-    g = helper.make_graph(nodes, "one_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 20, 20])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 20, 20])], [w, b])
+    g = helper.make_graph(nodes, "one_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, hw, hw])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, hw, hw])], [w, b])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
     onnx.save(m, path)
@@ -124,11 +124,43 @@ def test_compile_takes_the_faster_algorithm_of_a_workload(tmp_path, faster):
     assert "1 of 1" in best.summary
 
 
-def test_without_records_compile_uses_the_direct_conv(tmp_path):
+@pytest.mark.parametrize("hw,want", [(20, "conv2d_winograd"), (13, "conv2d_winograd"), (12, "conv2d"),
+                                     (7, "conv2d")])
+def test_without_records_compile_runs_winograd_where_it_always_won(tmp_path, hw, want):
+    """Untuned, outputs of at least 16 tiles of 4x4 (13 x 13 and up) run Winograd, smaller ones the
+    direct conv; either agrees with the reference."""
+    path = str(tmp_path / "m.onnx")
+    _model(path, hw)
+    mod = modelc.compile(path)
+    assert [s["template"] for s in mod.program["steps"] if s["pattern"].startswith("conv")] == [want]
+    x = np.random.default_rng(1).standard_normal((1, 16, hw, hw)).astype(np.float32)
+    ref = modelc.reference.run(modelc.from_onnx(path), {"x": x})["y"]
+    assert np.abs(mod(x) - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_a_record_of_the_direct_conv_alone_does_not_replace_untuned_winograd(tmp_path):
+    """A log that never measured Winograd (one from before untuned modules ran it) says nothing
+    against it: the module keeps Winograd's default; with a Winograd record too, the faster wins."""
     path = str(tmp_path / "m.onnx")
     _model(path)
-    mod = modelc.compile(path)
-    assert [s["template"] for s in mod.program["steps"] if s["pattern"].startswith("conv")] == ["conv2d"]
+    (task,) = [t for t in extract_tasks(path) if t.pattern.startswith("conv")]
+    target = R.current_target()
+    wl = Workload(task.workload)
+
+    def record(name, cost):
+        tpl = get(name)
+        return R.Record(task.key, task.desc, name, tpl.default_config(wl, tpl.space(wl)).values, [cost],
+                        R.NO_ERROR, "", target, task.workload, 1.0)
+    algos = ["conv2d", "conv2d_winograd", "te_conv2d"]
+    direct = [record("conv2d", 1e-4)]
+    assert R.ApplyHistoryBest(direct).choose(task.key, algos, untuned="conv2d_winograd") is None
+    assert R.ApplyHistoryBest(direct).choose(task.key, algos)[0] == "conv2d"
+    with R.ApplyHistoryBest(direct):
+        mod = modelc.compile(path)
+    (step,) = [s for s in mod.program["steps"] if s["key"] == task.key]
+    assert (step["template"], step["config"]) == ("conv2d_winograd", None)
+    both = direct + [record("conv2d_winograd", 2e-4)]
+    assert R.ApplyHistoryBest(both).choose(task.key, algos, untuned="conv2d_winograd")[0] == "conv2d"
 
 
 def test_every_output_is_stored_by_exactly_one_item():

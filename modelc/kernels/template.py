@@ -43,11 +43,16 @@ class Template:
     tunable = True
     priority = 0          # lower is tried first; generic templates set it higher
     alternative_to = None  # another template's name: this one is a second algorithm for its
-                           # workloads, never the default, chosen only by a faster tuning record
+                           # workloads, chosen by a faster tuning record (or by `preferred`)
     takes_half = False     # also builds float16 workloads (loads h2f, computes float32, stores f2h)
 
     def matches(self, wl: Workload) -> bool:
         raise NotImplementedError
+
+    def preferred(self, wl: Workload) -> bool:
+        """An alternative's claim that an untuned module should run it instead of the default
+        template (where its default is known to beat the default template's, on any CPU)."""
+        return False
 
     def space(self, wl: Workload) -> ConfigSpace:
         return ConfigSpace()
@@ -108,6 +113,13 @@ def select(wl: Workload) -> Template:
         if t.alternative_to is None and t.matches(wl):
             return t
     raise ModelcError(f"no kernel template for pattern {[o.op for o in wl.ops]}")
+
+
+def untuned(wl: Workload) -> Template:
+    """The template a module without tuning records runs: `select`'s, or an alternative that
+    claims the workload (`preferred`)."""
+    tpl = select(wl)
+    return next((t for t in alternatives(wl, tpl) if t.preferred(wl)), tpl)
 
 
 def alternatives(wl: Workload, default: Template) -> list:

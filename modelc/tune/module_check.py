@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from ..kernels.template import alternatives, select
+from ..kernels.template import alternatives, select, untuned
 from ..kernels.workload import Workload
 from . import dispatch
 from . import records as R
@@ -36,7 +36,7 @@ class _Choices:
     def __init__(self, choice: dict):
         self.choice = choice
 
-    def choose(self, key: str, templates: list):
+    def choose(self, key: str, templates: list, untuned: str | None = None):
         c = self.choice.get(key)
         return c if c is not None and c[0] in templates else None
 
@@ -67,7 +67,8 @@ def candidates(program: dict, records: list, target: dict, n: int) -> dict:
             if r.template in algos and _id(r.template, r.config) not in seen and len(cands) < n:
                 seen.add(_id(r.template, r.config))
                 cands.append((r.template, r.config))
-        default = (tpl.name, dict(tpl.default_config(view, tpl.space(view)).values))
+        plain = untuned(view)
+        default = (plain.name, dict(plain.default_config(view, plain.space(view)).values))
         if cands and _id(*default) not in seen:
             cands.append(default)
         if len(cands) > 1:

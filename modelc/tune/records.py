@@ -256,9 +256,11 @@ class ApplyHistoryBest:
         rec = self.best.get((key, template))
         return None if rec is None else rec.config
 
-    def choose(self, key: str, templates: list):
+    def choose(self, key: str, templates: list, untuned: str | None = None):
         """(template, config) of the fastest record among a workload's algorithms, or None: the
-        module check's choice where there is one (module_check.py)."""
+        module check's choice where there is one (module_check.py). None too where the fastest is
+        of another algorithm than the one an untuned module runs (`untuned`) and that one has no
+        record: nothing says the tuned kernel beats it (a log from before Winograd ran untuned)."""
         checked = self.in_module.get(key)
         if checked is not None and checked.template in templates:
             return checked.template, checked.config
@@ -266,6 +268,8 @@ class ApplyHistoryBest:
         if not recs:
             return None
         rec = min(recs, key=lambda r: r.cost)
+        if untuned is not None and rec.template != untuned and (key, untuned) not in self.best:
+            return None
         return rec.template, rec.config
 
     def report(self, steps: list):
