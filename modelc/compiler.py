@@ -24,7 +24,7 @@ def build_program(fused: Graph) -> tuple[dict, dict]:
         key = workload_key(wl)
         view = Workload(wl)
         tpl = select(view)
-        name, config = untuned(view).name, None
+        name, config = untuned(view, tpl).name, None
         if ctx is not None and tpl.tunable:
             # the fastest record among the algorithms that can run it (direct or Winograd ...)
             algos = [tpl.name] + [t.name for t in alternatives(view, tpl)]

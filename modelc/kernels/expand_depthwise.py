@@ -165,7 +165,8 @@ class ExpandDepthwise(Template):
         operand; about half the accumulator registers, never fewer than keep the FMA pipes busy),
         the depthwise tile as depthwise_conv2d's, and the fewest row groups that share the items
         evenly among the threads, counting the ring rows a group computes again."""
-        g = Geometry(wl, split(wl))
+        d = split(wl)
+        g = Geometry(wl, d)
         tg = target.current()
         lanes = tg.lanes(4)
         vec = -(-g.b // lanes)
@@ -180,8 +181,8 @@ class ExpandDepthwise(Template):
         # while it runs: on AVX2's 16 registers 8 depthwise pixels spilled (EfficientNet-B0's fused
         # blocks ran 0.66-0.93 of their time with 4), on AVX-512's 32 the same 8 did not
         out = wl.outputs[0]
-        lines, _ = epilogue(wl, wl.ops[split(wl) + 1:], "a0", ["n", ("kb", "j", g.b), "oh", "o0"], out.shape,
-                            np.float32, f"v{split(wl)}", var="f0_", unsigned=True)
+        lines, _ = epilogue(wl, wl.ops[d + 1:], "a0", ["n", ("kb", "j", g.b), "oh", "o0"], out.shape,
+                            np.float32, f"v{d}", var="f0_", unsigned=True)
         share = 4 if calls_polynomial(lines) else 2
         want_dw = max(1, min(tg.accumulators_in_flight, tg.vector_registers // share) // vec)
         waste_dw = row_waste(g.OW)

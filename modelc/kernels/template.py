@@ -115,11 +115,10 @@ def select(wl: Workload) -> Template:
     raise ModelcError(f"no kernel template for pattern {[o.op for o in wl.ops]}")
 
 
-def untuned(wl: Workload) -> Template:
-    """The template a module without tuning records runs: `select`'s, or an alternative that
-    claims the workload (`preferred`)."""
-    tpl = select(wl)
-    return next((t for t in alternatives(wl, tpl) if t.preferred(wl)), tpl)
+def untuned(wl: Workload, default: Template) -> Template:
+    """The template a module without tuning records runs: `default` (`select`'s), or an
+    alternative to it that claims the workload (`preferred`)."""
+    return next((t for t in alternatives(wl, default) if t.preferred(wl)), default)
 
 
 def alternatives(wl: Workload, default: Template) -> list:

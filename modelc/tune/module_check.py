@@ -67,7 +67,7 @@ def candidates(program: dict, records: list, target: dict, n: int) -> dict:
             if r.template in algos and _id(r.template, r.config) not in seen and len(cands) < n:
                 seen.add(_id(r.template, r.config))
                 cands.append((r.template, r.config))
-        plain = untuned(view)
+        plain = untuned(view, tpl)
         default = (plain.name, dict(plain.default_config(view, plain.space(view)).values))
         if cands and _id(*default) not in seen:
             cands.append(default)
