@@ -202,3 +202,16 @@ def test_avx2_defaults_compute_the_reference(wl, name):
         cfg = t.default_config(wl, sp)
         got, want, _, _ = testing.run(wl, t, cfg)
     assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+
+
+def test_untuned_winograd_stops_where_its_weights_outgrow_the_cache():
+    """Winograd's transformed weights (36 floats per channel pair) are streamed again per group of
+    tiles: untuned modules take it while they fit in 3 L3s, whatever the L3 of the target is."""
+    wino = template.get("conv2d_winograd")
+    wl = conv(2048, 28, 512)                                     # 144 MiB transformed
+    small = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f", threads=2, caches=(32 << 10, 1 << 20, 32 << 20))
+    big = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f", threads=2, caches=(32 << 10, 1 << 20, 64 << 20))
+    with target.use(small):
+        assert not wino.preferred(wl) and wino.preferred(conv(512, 28, 512))
+    with target.use(big):
+        assert wino.preferred(wl)

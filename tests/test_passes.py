@@ -192,3 +192,36 @@ def test_einsum_becomes_matmul_where_it_can(equation, a, b):
     assert lowered == (equation != "ij,jk->")          # a label summed within one operand stays
     feeds = _feeds(g)
     _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+
+
+
+@pytest.mark.parametrize("x,k,d,s,pads,kept,new_pads", [
+    ([1, 8, 14, 14], [3, 3], [24, 24], [1, 1], [24, 24, 24, 24], [1, 1], [0, 0, 0, 0]),   # ASPP: the centre
+    ([1, 8, 14, 14], [3, 3], [12, 12], [1, 1], [12, 12, 12, 12], [3, 3], [12, 12, 12, 12]),  # all reach in
+    ([1, 8, 14, 14], [3, 3], [16, 1], [1, 1], [16, 1, 16, 1], [1, 3], [0, 1, 0, 1]),      # one axis
+    ([1, 8, 6, 6], [3, 3], [4, 1], [2, 1], [9, 0, 1, 0], [2, 3], [5, 0, 1, 0]),          # stride, uneven pads
+    ([1, 4, 9], [5], [3], [1], [10, 2], [4], [7, 2]),                                     # 1-d
+    ([1, 4, 2], [3], [2], [1], [3, 0], [2], [1, 0]),             # cut no further than the pad covers
+    ([1, 4, 3, 5, 5], [3, 3, 3], [5, 1, 1], [1, 1, 1], [5, 1, 1, 5, 1, 1], [1, 3, 3], [0, 1, 1, 0, 1, 1]),
+])
+def test_filter_taps_that_only_read_padding_are_cut(x, k, d, s, pads, kept, new_pads):
+    """Taps whose every read falls in the padding are dropped with the pads they cover (DeepLabV3's
+    ASPP on a 14x14 map: 3x3 taps 24 apart become a 1x1 conv); the outputs stay the same."""
+    rng = np.random.default_rng(7)
+    inits = [_const("w", rng.standard_normal([6, x[1]] + k).astype(np.float32)),
+             _const("b", rng.standard_normal(6).astype(np.float32))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], dilations=d, strides=s, pads=pads)]
+    n = len(k)
+    y = x[:1] + [6] + [(x[2 + i] + pads[i] + pads[n + i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(n)]
+    model = onnx_model(nodes, [_vi("x", x)], [_vi("y", y)], inits)
+    g = modelc.from_onnx(model)
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    (conv,) = opt.topo()
+    assert list(opt.tensors[conv.inputs[1]].shape[2:]) == kept == conv.attrs["kernel_shape"]
+    assert conv.attrs["pads"] == new_pads
+    assert all(dd == 1 for dd, kk in zip(conv.attrs["dilations"], kept) if kk == 1)
+    assert opt.tensors[conv.outputs[0]].shape == g.tensors["y"].shape
+    feeds = _feeds(g)
+    want = reference.run(g, feeds)
+    _assert_close(reference.run(opt, feeds), want)
+    _assert_close({"y": modelc.compile(model)(feeds["x"])}, want)

@@ -23,6 +23,11 @@ ResNet-18's and SqueezeNet 1.1's 3x3 convs ran 1.6-2.8x faster so on AMD EPYC Ze
 and compiled for AVX2 alike (a multiply count 3-4x smaller; the direct conv was already at 220
 GFLOP/s). On 7 x 7 outputs (4 tiles, too few for a register tile of tiles) it ran 1.6x slower on
 AVX-512 and level on AVX2, so there the direct conv stays, as TVM's x86 strategy and oneDNN keep it.
+Nor where the transformed weights (36 floats per channel pair) outgrow the last-level cache by far:
+streamed from memory again for every group of tiles, they made it lose where the direct conv reuses
+its weights across a row. AMD EPYC Zen 4, L3 32 MiB, against the direct conv's default: 512 x 384 and
+512 x 512 channels (20-36 MiB) 0.53-0.55 on 14x14 and 28x28, 1024 -> 512 (72 MiB) 0.66 on 28x28,
+2048 -> 512 (144 MiB, FCN-ResNet50's head) 1.45 on 28x28 and 2.4 on 14x14.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ MATRICES = {
 TT_CANDIDATES = [1, 2, 3, 4, 6, 8, 12, 16]
 PREFERRED_TILES = 16            # 4 x 4 output tiles per image from which untuned modules run Winograd
 PREFERRED_CHANNELS = 16
+PREFERRED_WEIGHTS_L3 = 3        # ... and while the transformed weights fit in 3 L3s (the docstring)
 MAX_STACK_FLOATS = 64 << 10          # 256 KB of stack per item: far below any thread's stack
 
 
@@ -117,7 +123,9 @@ class Conv2dWinograd(Template):
     def preferred(self, wl: Workload) -> bool:
         """Run untuned where the direct conv always lost (the module docstring's measurements)."""
         g = conv_geometry(wl)
-        return _tiles(g, 4)[2] >= PREFERRED_TILES and min(g.C, g.K) >= PREFERRED_CHANNELS
+        weights = 36 * g.C * g.K * 4
+        return _tiles(g, 4)[2] >= PREFERRED_TILES and min(g.C, g.K) >= PREFERRED_CHANNELS and \
+            weights <= PREFERRED_WEIGHTS_L3 * target.current().l3_bytes
 
     def space(self, wl: Workload) -> ConfigSpace:
         g = conv_geometry(wl)

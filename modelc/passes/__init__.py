@@ -5,6 +5,7 @@ from ..ir import Graph
 from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
+from .dead_taps import prune_dead_taps
 from .dense import to_dense
 from .einsum import lower_einsum
 from .fold_batchnorm import fold_batchnorm
@@ -22,6 +23,7 @@ PIPELINE = [
     lower_einsum,
     simplify,
     canonicalize,
+    prune_dead_taps,
     fold_batchnorm,
     recognise_patterns,
     lower_norms,
