@@ -205,6 +205,36 @@ def test_global_pool_of_a_video_network_gets_a_kernel():
     _check_against_ort(model, {"x": rng.standard_normal((1, 3, 4, 6, 6)).astype(np.float32)})
 
 
+def test_grouped_convs_keep_the_blocked_layout_where_they_vectorise_over_channels():
+    """ResNeXt/RegNet blocks: a grouped conv with 8k output channels per group reads and writes
+    the blocked layout of the convs around it (no transforms), one with fewer runs on plain rows."""
+    vi = helper.make_tensor_value_info
+    F = TensorProto.FLOAT
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in
+             [("w1", (64, 16, 1, 1)), ("w2", (64, 16, 3, 3)), ("w3", (64, 8, 3, 3)), ("w4", (32, 64, 1, 1))]]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Conv", ["ar", "w2"], ["b"], pads=[1, 1, 1, 1], group=4),    # 16 per group
+             helper.make_node("Relu", ["b"], ["br"]),
+             helper.make_node("Conv", ["br", "w3"], ["c"], pads=[1, 1, 1, 1], group=8),    # 8 per group
+             helper.make_node("Conv", ["c", "w4"], ["y"], strides=[2, 2], group=1)]
+    g = helper.make_graph(nodes, "g", [vi("x", F, [1, 16, 10, 12])], [vi("y", F, [1, 32, 5, 6])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    _check_against_ort(model, {"x": rng.standard_normal((1, 16, 10, 12)).astype(np.float32)})
+    steps = modelc.compile(model).program["steps"]
+    assert [s["pattern"] for s in steps if "layout" in s["pattern"]] == ["layout_transform"] * 2   # in, out
+    assert [s["workload"]["inputs"][0].get("layout") is not None for s in steps if s["pattern"].startswith("group")] \
+        == [True, True]
+    w5 = numpy_helper.from_array(rng.standard_normal((64, 4, 3, 3)).astype(np.float32), "w5")
+    mixed = helper.make_graph([nodes[0], nodes[1], helper.make_node("Conv", ["ar", "w5"], ["y"], pads=[1, 1, 1, 1],
+                                                                     group=16)], "g",
+                              [vi("x", F, [1, 16, 10, 12])], [vi("y", F, [1, 64, 10, 12])], inits[:1] + [w5])
+    model = helper.make_model(mixed, opset_imports=[helper.make_opsetid("", 13)])
+    _check_against_ort(model, {"x": rng.standard_normal((1, 16, 10, 12)).astype(np.float32)})
+    steps = modelc.compile(model).program["steps"]
+    assert [s["workload"]["inputs"][0].get("layout") for s in steps if s["pattern"].startswith("group")] == [None]
+
+
 @pytest.mark.parametrize("branch_channels", [(16, 32), (8, 12)])
 def test_concat_of_conv_branches_feeding_a_conv(branch_channels):
     """Inception/SqueezeNet blocks: the Concat writes the next conv's blocked layout (with its halo)

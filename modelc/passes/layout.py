@@ -38,7 +38,8 @@ def _is_4d_blockable(graph: Graph, name: str) -> bool:
 
 
 def _blocked_native(graph: Graph, node: Node) -> bool:
-    """Groups whose kernels run in the blocked layout: 2-d convolutions (dense and depthwise), pools."""
+    """Groups whose kernels run in the blocked layout: 2-d convolutions (dense, grouped and
+    depthwise), pools."""
     a = _anchor(node)
     sub = node.subgraph or graph
     if not node.outputs or not _is_4d_blockable(graph, node.outputs[0]) or len([o for o in node.outputs if o]) != 1:
@@ -49,9 +50,13 @@ def _blocked_native(graph: Graph, node: Node) -> bool:
     if a.op_type in CONVS:
         if not graph.tensors[_outer(node, a.inputs[1])].is_const and sub.value(a.inputs[1]) is None:
             return False
+        # grouped ones where conv_generic vectorises over a group's output channels (8k of them):
+        # it reads and writes blocks through their layout. With fewer, it vectorises along the
+        # row, which blocks make strided: ResNeXt-50's 4-channel groups on 56x56 ran 0.62 ms
+        # blocked against 0.33 plain (plus 0.25 of transforms), AMD EPYC Zen 4
         g = int(a.attrs.get("group", 1))
         c, k = x.shape[1], sub.tensors[a.outputs[0]].shape[1]
-        return g == 1 or (g == c == k)
+        return g == 1 or g == c == k or (k // g) % 8 == 0
     if a.op_type in _POOLS:
         return not (a.op_type == "MaxPool" and len([o for o in a.outputs if o]) > 1)
     return False
