@@ -27,6 +27,7 @@ HAND = {
     "matmul_1d_left": (matmul_wl((20,), (3, 20, 7)), 0),
     "matmul_1d_right": (matmul_wl((2, 11, 20), (20,)), 0),
     "matmul_const_b": (matmul_wl((13, 20), (20, 50), epi=("Relu",), b_const=True), 0),
+    "matmul_scores_ragged_n": (matmul_wl((1, 8, 128, 16), (1, 8, 16, 37)), 1),
 }
 
 
@@ -77,6 +78,13 @@ def test_hand_made_workloads(compiled, name):
         got, want, _, _ = testing.run(wl, t, cfg, seed=3)
         assert got[0].shape == want[0].shape
         assert testing.max_rel_error(got, want) <= TOL, (name, str(cfg))
+
+
+def test_a_packed_panel_of_b_is_shared_by_row_tiles(compiled):
+    """Attention scores over a sequence that is no multiple of a vector (ViT's 197) pack their
+    columns of B per work item; the default shares each panel among several row tiles."""
+    wl, t, cfg = compiled["matmul_scores_ragged_n"][0]
+    assert cfg["pack_b"] and cfg["m_group"] > 1, str(cfg)
 
 
 def test_transformer_tasks(compiled, transformer_tasks):
