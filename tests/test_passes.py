@@ -225,3 +225,48 @@ def test_filter_taps_that_only_read_padding_are_cut(x, k, d, s, pads, kept, new_
     want = reference.run(g, feeds)
     _assert_close(reference.run(opt, feeds), want)
     _assert_close({"y": modelc.compile(model)(feeds["x"])}, want)
+
+
+@pytest.mark.parametrize("op,axes,keepdims,opset,want", [
+    ("ReduceMean", [2, 3], 1, 13, "GlobalAveragePool"),
+    ("ReduceMean", [-1, -2], 1, 18, "GlobalAveragePool"),
+    ("ReduceMax", [3, 2], 1, 18, "GlobalMaxPool"),
+    ("ReduceMean", [2, 3], 0, 13, "ReduceMean"),
+    ("ReduceMean", [1, 2], 1, 18, "ReduceMean"),
+])
+def test_a_mean_over_an_images_spatial_axes_is_a_global_pool(op, axes, keepdims, opset, want):
+    """The dynamo exporter writes adaptive average pooling (every squeeze-excitation block) as
+    ReduceMean over axes 2 and 3: it becomes the global pool, which runs in the blocked layout."""
+    inits = [_const("axes", np.array(axes, np.int64))] if opset >= 18 else []
+    kw = {} if opset >= 18 else {"axes": axes}
+    node = helper.make_node(op, ["x", "axes"] if opset >= 18 else ["x"], ["y"], keepdims=keepdims, **kw)
+    shape = [2, 8, 5, 6]
+    reduced = [a % 4 for a in axes]
+    out = [1 if i in reduced else s for i, s in enumerate(shape) if keepdims or i not in reduced]
+    g = modelc.from_onnx(onnx_model([node], [_vi("x", shape)], [_vi("y", out)], inits, opset=opset))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert [n.op_type for n in opt.topo()] == [want]
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+
+
+def test_squeeze_excitation_of_a_dynamo_export_stays_blocked():
+    """conv -> ReduceMean(2, 3) -> 1x1 convs -> gate x feature map, as the dynamo exporter writes
+    EfficientNet's blocks: no layout transform but the model's input and output."""
+    rng = np.random.default_rng(5)
+    inits = [_const("w0", rng.standard_normal((32, 16, 3, 3)).astype(np.float32)),
+             _const("w1", rng.standard_normal((8, 32, 1, 1)).astype(np.float32)),
+             _const("w2", rng.standard_normal((32, 8, 1, 1)).astype(np.float32)),
+             _const("w3", rng.standard_normal((16, 32, 1, 1)).astype(np.float32)),
+             _const("axes", np.array([2, 3], np.int64))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMean", ["a", "axes"], ["m"], keepdims=1),
+             helper.make_node("Conv", ["m", "w1"], ["s1"]), helper.make_node("Relu", ["s1"], ["s1r"]),
+             helper.make_node("Conv", ["s1r", "w2"], ["s2"]), helper.make_node("Sigmoid", ["s2"], ["gate"]),
+             helper.make_node("Mul", ["a", "gate"], ["g"]), helper.make_node("Conv", ["g", "w3"], ["y"])]
+    model = onnx_model(nodes, [_vi("x", [1, 16, 12, 12])], [_vi("y", [1, 16, 12, 12])], inits, opset=18)
+    mod = modelc.compile(model)
+    assert [s["pattern"] for s in mod.program["steps"]].count("layout_transform") == 2
+    x = np.random.default_rng(1).standard_normal((1, 16, 12, 12)).astype(np.float32)
+    want = reference.run(modelc.from_onnx(model), {"x": x})["y"]
+    assert np.abs(mod(x) - want).max() <= 1e-4 * np.abs(want).max()

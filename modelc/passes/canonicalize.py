@@ -4,7 +4,11 @@ Exporters differ in what they write (TorchScript writes every Conv attribute, th
 omits defaults, old models use auto_pad), so kernel_shape, strides, dilations, explicit pads and
 group are filled in here; auto_pad is resolved against the now-static shapes. Global pools over
 other than two spatial axes (a video network's 3-d head) become the reductions they are, which
-have kernels for any rank.
+have kernels for any rank; the other way round, a mean or max over both spatial axes of an image
+(what the dynamo exporter writes for adaptive pooling, in every squeeze-excitation block) becomes
+the global pool it is, which runs in the convolutions' blocked layout: as a reduction it needed
+plain rows, and EfficientNet-B0's feature maps were copied out of the blocked layout 16 times
+(1.1 of 8.5 ms, AMD EPYC Zen 4).
 """
 from __future__ import annotations
 
@@ -44,11 +48,37 @@ def _global_pool_as_reduce(graph: Graph, node: Node):
                         node.onnx_name), order)
 
 
+def _spatial_reduce(graph: Graph, node: Node) -> bool:
+    """A ReduceMean/ReduceMax over axes 2 and 3 of a 4-d float tensor, keeping them."""
+    if node.op_type not in ("ReduceMean", "ReduceMax") or not node.attrs.get("keepdims", 1):
+        return False
+    x = graph.tensors[node.inputs[0]]
+    if x.shape is None or len(x.shape) != 4 or x.dtype not in (np.float32, np.float16):
+        return False
+    if len(node.inputs) > 1 and node.inputs[1]:
+        axes = graph.value(node.inputs[1])
+        if axes is None:
+            return False
+    else:
+        axes = node.attrs.get("axes")
+    return axes is not None and sorted(int(a) % 4 for a in np.asarray(axes).reshape(-1)) == [2, 3]
+
+
+def _reduce_as_global_pool(graph: Graph, node: Node):
+    op = "GlobalAveragePool" if node.op_type == "ReduceMean" else "GlobalMaxPool"
+    order = graph.nx.nodes[node.name]["order"]
+    graph.remove_node(node.name, drop_outputs=False)
+    graph.add_node(Node(node.name, op, [node.inputs[0]], list(node.outputs), {}, node.onnx_name), order)
+
+
 def canonicalize(graph: Graph) -> Graph:
     for node in graph.topo():
         if node.op_type in ("GlobalAveragePool", "GlobalMaxPool") and \
                 len(graph.tensors[node.inputs[0]].shape) != 4:
             _global_pool_as_reduce(graph, node)
+            continue
+        if _spatial_reduce(graph, node):
+            _reduce_as_global_pool(graph, node)
             continue
         if node.op_type not in _SPATIAL or node.op_type == "ConvTranspose":
             continue
