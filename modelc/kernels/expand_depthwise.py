@@ -173,12 +173,13 @@ class ExpandDepthwise(Template):
         per_pixel = lanes * (1 if tg.broadcast_in_fma else 2)
         ms = [m for m in space.knobs[1].values if m * g.b <= per_pixel] or space.knobs[1].values[:1]
         m = max(ms)
-        # pixels for about half the accumulator registers' worth of lanes: a block narrower than a
-        # vector (72 channels in blocks of 8 on AVX-512) fills only part of each accumulator, and
-        # loads then bound the tile (MNASNet's 24 -> 72 and 40 -> 120 on 56x56 and 28x28: 28
-        # pixels of 8 channels ran 0.39-0.54 of 14 pixels' time; 144 channels in blocks of 16
-        # gained nothing from 28; AMD EPYC Zen 4)
-        want = max(1, max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) * lanes // (m * g.b * vec))
+        # twice the pixels where a tile's channels are half a vector (72 channels in blocks of 8 on
+        # AVX-512): each accumulator is half full and loads bound the tile (MNASNet's 24 -> 72 and
+        # 40 -> 120 on 56x56 and 28x28: 28 pixels ran 0.39-0.54 of 14 pixels' time; 144 channels
+        # in blocks of 16 gained nothing from 28). Not for narrower blocks: ShuffleNetV2's 116
+        # channels in blocks of 4 ran 3x slower with 28 pixels than with 14 (AMD EPYC Zen 4).
+        half = 2 if 2 * m * g.b == lanes else 1
+        want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) * half // (m * vec)
         waste = row_waste(g.W)
         owts = [t for t in space.knobs[0].values if t * m * vec <= tg.max_tile_vectors] or [1]
         owt = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
