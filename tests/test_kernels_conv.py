@@ -92,6 +92,11 @@ GENERIC = {
     "conv3d": (lambda: conv_wl([1, 3, 6, 7, 8], [4, 3, 3, 3, 3], pads=[1, 0, 1, 1, 1, 0],
                                strides=[1, 2, 1], bias=False, outputs="all", relu=True),
                [dict(unroll_kw=False, tile_ow=2)]),
+    # a 1x1 grouped conv over plain rows: a 1-d conv over the flattened image (ShuffleNet v1)
+    "grouped_1x1_flat": (lambda: conv_wl([1, 24, 9, 11], [32, 6, 1, 1], group=4, relu=True, res=True,
+                                         outputs="all"),
+                         [dict(vector_axis="ow", tile_ow=32, tile_oc=2), dict(vector_axis="ow", tile_ow=99, tile_oc=4),
+                          dict(vector_axis="oc", tile_ow=8, tile_oc=8)]),
     "float64": (lambda: conv_wl([1, 3, 7, 7], [5, 3, 3, 3], pads=[1] * 4, dtype="float64",
                                 clip=True), []),
     "convT": (lambda: conv_wl([1, 6, 5, 4], [6, 2, 3, 3], op="ConvTranspose", group=3,
@@ -107,6 +112,19 @@ GENERIC = {
 def test_generic(name):
     make, extra = GENERIC[name]
     check(make(), "conv_generic", extra)
+
+
+def test_a_1x1_conv_over_plain_rows_runs_over_the_flattened_image():
+    """Its tiles span rows (99 pixels of a 9 x 11 image); not where an epilogue operand is neither the
+    image nor one value per channel, or where the input is blocked."""
+    from modelc.kernels.conv_generic import _geometry
+    g, flat = _geometry(GENERIC["grouped_1x1_flat"][0]())
+    assert flat == 11 and g.spatial_out == (99,)
+    assert _geometry(GENERIC["grouped"][0]())[1] is None                        # 3x3, padded
+    assert _geometry(conv_wl([1, 32, 8, 8], [64, 8, 1, 1], group=4, x_layout=[16, 0]))[1] is None
+    wl = conv_wl([1, 24, 9, 11], [32, 6, 1, 1], group=4, res=True)
+    wl.inputs[-1].shape = (1, 32, 9, 1)                                          # broadcast along a row
+    assert _geometry(wl)[1] is None
 
 
 def test_generic_random_configs():
