@@ -841,6 +841,16 @@ def test_found_attributes_are_checked_against_the_schema():
     assert "lacks its required input 0" in _import_error(m)[1]
 
 
+def test_negative_pads_are_refused_naming_the_node():
+    """onnxruntime refuses them; a conv would otherwise compile to a kernel of another shape."""
+    m = conv_relu_pool()
+    conv = m.graph.node[0]
+    pads = next(a for a in conv.attribute if a.name == "pads")
+    pads.ints[0] = -1
+    kind, msg = _import_error(m)
+    assert kind == "ShapeError" and "node 'conv' (Conv)" in msg and "must not be negative" in msg, msg
+
+
 def test_found_element_types_must_agree():
     m = broadcasting()
     m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.full((4,), 1, np.int32), "c"))

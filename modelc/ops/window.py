@@ -59,6 +59,8 @@ def window_geometry(in_sp, kernel, strides=None, dilations=None, pads=None, auto
         pads = tuple(int(p) for p in pads)
         if len(pads) != 2 * nd:
             raise ValueError(f"pads has {len(pads)} values, expected {2 * nd}")
+        if min(pads) < 0:
+            raise ValueError(f"pads {list(pads)} must not be negative")     # (as onnxruntime rejects them)
     else:
         pads = (0,) * (2 * nd)
     begin, end, out = [], [], []

@@ -35,6 +35,8 @@ def prune_dead_taps(graph: Graph) -> Graph:
         a = node.attrs
         n = len(x) - 2
         pads, dil = list(a["pads"]), list(a["dilations"])
+        if min(pads) < 0:                # (import rejects them; nothing here may make one valid)
+            continue
         cuts = [live_taps(x[2 + i], y[2 + i], w.shape[2 + i], a["strides"][i], dil[i], pads[i], pads[n + i])
                 for i in range(n)]
         if all((t0, t1) == (0, w.shape[2 + i]) for i, (t0, t1) in enumerate(cuts)):
