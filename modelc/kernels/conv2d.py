@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import target
 from .codegen import ParallelItem, packed_kernel, row_waste, shifted_start
-from .conv_geometry import conv_geometry
+from .conv_geometry import conv_geometry, tap_range
 from .expr import SUPPORTED
 from .intrinsics import calls_polynomial
 from .layout import offset
@@ -36,9 +36,8 @@ def _axes(g):
 
 
 def _live(size, k, s, d, p, first, last) -> int:
-    """Filter taps of one axis that read the input for some output in [first, last]."""
-    lo = max(0, -((last * s - p) // d))
-    hi = min(k, (size - 1 + p - first * s) // d + 1)
+    """How many filter taps of one axis read the input for some output in [first, last]."""
+    lo, hi = tap_range(size, k, s, d, p, first, last)
     return max(hi - lo, 0)
 
 
@@ -151,13 +150,13 @@ class Conv2d(Template):
         blocks = g.K // g.KB
         ms = [m for m in space.knobs[1].values if -(-blocks // m) * m <= 1.25 * blocks] or space.knobs[1].values[:1]
         m = min(ms, key=lambda m: (abs(m * g.KB - per_pixel), -m))
+        if padding_share(g) > BOUNDED_TAPS:
+            return self._skipping_default(g, space, m, tg)
         vectors = -(-m * g.KB // tg.lanes(4))               # accumulator vectors per pixel
         want = -(-max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // vectors)
         rest = {"tile_oc_blocks": m, "tile_oh": 1, "reduction_order": ["c", "kh", "kw"], "unroll_kw": False}
         owts = [t for t in space.knobs[0].values if t * vectors <= tg.max_tile_vectors
                 and space.is_valid(space.from_values({"tile_ow": t, **rest}))] or space.knobs[0].values[:1]
-        if padding_share(g) > BOUNDED_TAPS:
-            return self._skipping_default(g, space, m, tg)
         waste = row_waste(g.OW)
         best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
         return space.from_values({"tile_ow": best, **rest})

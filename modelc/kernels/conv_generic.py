@@ -104,8 +104,8 @@ class ConvGeneric(Template):
         sp.define_knob("tile_oc", [m for m in (1, 2, 4, 8, 16, 32) if g.Kg % m == 0])
         sp.define_knob("vector_axis", ["ow", "oc"] if _oc_possible(wl, g) else ["ow"])
         sp.define_annotate("unroll_kw", [False, True])
-        padded = any(wl.anchor.attrs.get("pads", [0]))      # (staging only ever zero-pads the row)
-        sp.define_knob("stage_row", [True, False] if padded and not g.transpose else [False])
+        # (staging only ever zero-pads the row)
+        sp.define_knob("stage_row", [True, False] if not _unpadded(wl) and not g.transpose else [False])
         kw = g.KW
 
         def valid(cfg):
@@ -305,7 +305,7 @@ class ConvGeneric(Template):
                           f"{pre}for r in range({OWT}):",
                           f"{pre}    xv = xbuf[xk + np.uintp(r)]"]
                 return lines + fmas(pre + "    ", "xv", "r")
-            if not any(wl.anchor.attrs.get("pads", [0])):
+            if _unpadded(wl):
                 # unpadded: every column of every tile is inside the row, a loop of constant length
                 # (with bounds LLVM kept the tile in memory: 0.43 ms for a 1x1 conv that ran 0.1)
                 lines += [f"{pre}xo = xrow + (ow0 * {sw} + {kw} * {dw}) * {xsw}",
@@ -385,8 +385,7 @@ def _geometry(wl: Workload):
     accumulators were latency-bound (the ONNX zoo's ShuffleNet v1, 68 channels per group on 14x14:
     0.28 ms against onnxruntime's 0.07); over 196 pixels a tile holds 56 of them."""
     g = conv_geometry(wl)
-    a = wl.anchor.attrs
-    if g.transpose or g.nd != 2 or g.kernel != (1, 1) or g.strides != (1, 1) or any(a.get("pads", [0])) \
+    if g.transpose or g.nd != 2 or g.kernel != (1, 1) or g.strides != (1, 1) or not _unpadded(wl) \
             or g.in_layout is not None or any(t.layout is not None for t in wl.outputs):
         return g, None
     # the epilogue's operands are read at [n, c, 0, flat index]: each must be plain and either
@@ -400,8 +399,18 @@ def _geometry(wl: Workload):
                                pads=(0,)), g.W
 
 
+def _unpadded(wl: Workload) -> bool:
+    return not any(wl.anchor.attrs.get("pads", [0]))
+
+
+def channel_vectors(kg: int) -> bool:
+    """Whether a group of `kg` output channels takes the channel-vector tile ("oc"): 8k of them
+    (the layout pass keeps such grouped convs in the blocked layout)."""
+    return kg % 8 == 0
+
+
 def _oc_possible(wl: Workload, g) -> bool:
     """Channel vectors need a packable (constant) weight and 8k output channels per group."""
     w = wl.anchor.args[1]
     const = w.startswith("p") or wl.inputs[int(w[1:])].const
-    return not g.transpose and const and g.Kg % 8 == 0
+    return not g.transpose and const and channel_vectors(g.Kg)

@@ -80,3 +80,9 @@ def conv_geometry(wl: Workload) -> ConvGeometry:
                         spatial_in=tuple(x.shape[2:]), spatial_out=tuple(out.shape[2:]),
                         kernel=tuple(w.shape[2:]), strides=st, dilations=dil, pads=begin,
                         transpose=transpose, dtype=x.dtype, in_layout=x.layout, out_layout=out_layout)
+
+
+def tap_range(size: int, k: int, s: int, d: int, p: int, first: int, last: int) -> tuple[int, int]:
+    """The filter taps [lo, hi) of one axis (k taps, stride s, dilation d, begin pad p) that read
+    the input (size) for some output position in [first, last]; empty when hi <= lo."""
+    return max(0, -((last * s - p) // d)), min(k, (size - 1 + p - first * s) // d + 1)

@@ -10,17 +10,16 @@ cut only as far as its pad covers, so pads stay non-negative and the output shap
 from __future__ import annotations
 
 from ..ir import Graph
+from ..kernels.conv_geometry import tap_range
 
 
 def live_taps(size: int, out: int, k: int, s: int, d: int, pb: int, pe: int) -> tuple[int, int]:
     """The taps [t0, t1) of one axis worth keeping: every tap that reads the input at some output
     position, widened where cutting further would need a negative pad."""
-    live = [t for t in range(k) if t * d - pb <= size - 1 and (out - 1) * s - pb + t * d >= 0]
-    if not live:                     # the output is all bias: keep the filter as it is
+    lo, hi = tap_range(size, k, s, d, pb, 0, out - 1)
+    if hi <= lo:                     # the output is all bias: keep the filter as it is
         return 0, k
-    t0 = min(live[0], pb // d)
-    t1 = max(live[-1] + 1, k - pe // d)
-    return t0, t1
+    return min(lo, pb // d), max(hi, k - pe // d)
 
 
 def prune_dead_taps(graph: Graph) -> Graph:

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..ops.internal import CONVS
+from ..kernels.conv_generic import channel_vectors
 from ..kernels.expr import SUPPORTED as ELEMENTWISE
 from ..kernels.layout import choose_block, same_as_plain
 
@@ -56,7 +57,7 @@ def _blocked_native(graph: Graph, node: Node) -> bool:
         # blocked against 0.33 plain (plus 0.25 of transforms), AMD EPYC Zen 4
         g = int(a.attrs.get("group", 1))
         c, k = x.shape[1], sub.tensors[a.outputs[0]].shape[1]
-        return g == 1 or g == c == k or (k // g) % 8 == 0
+        return g == 1 or g == c == k or channel_vectors(k // g)
     if a.op_type in _POOLS:
         return not (a.op_type == "MaxPool" and len([o for o in a.outputs if o]) > 1)
     return False
