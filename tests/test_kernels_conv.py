@@ -97,6 +97,13 @@ GENERIC = {
                                          outputs="all"),
                          [dict(vector_axis="ow", tile_ow=32, tile_oc=2), dict(vector_axis="ow", tile_ow=99, tile_oc=4),
                           dict(vector_axis="oc", tile_ow=8, tile_oc=8)]),
+    # tiles of 16 channels over two groups of 8 (an odd number of groups: the last tile half empty)
+    "pair_tail": (lambda: conv_wl([1, 40, 7, 7], [40, 8, 3, 3], group=5, pads=[1] * 4, x_layout=[8, 1],
+                                  out_layout=[8, 1], relu=True, res=True, res_layout=[8, 0]),
+                  [dict(tile_ow=4, stage_row=False)]),
+    # ... over groups of 24: some tiles within a group, some split at its edge; flattened rows
+    "pair_1x1": (lambda: conv_wl([1, 48, 5, 5], [48, 24, 1, 1], group=2, relu=True, outputs="all"),
+                 [dict(tile_ow=16)]),
     "float64": (lambda: conv_wl([1, 3, 7, 7], [5, 3, 3, 3], pads=[1] * 4, dtype="float64",
                                 clip=True), []),
     "convT": (lambda: conv_wl([1, 6, 5, 4], [6, 2, 3, 3], op="ConvTranspose", group=3,
@@ -125,6 +132,23 @@ def test_a_1x1_conv_over_plain_rows_runs_over_the_flattened_image():
     wl = conv_wl([1, 24, 9, 11], [32, 6, 1, 1], group=4, res=True)
     wl.inputs[-1].shape = (1, 32, 9, 1)                                          # broadcast along a row
     assert _geometry(wl)[1] is None
+
+
+def test_pair_tiles_where_groups_are_half_vectors():
+    """Groups of 8k channels (k odd) take the 16-channel tile by default; past the last channel only
+    with a packed (constant) bias, which is padded with the weights."""
+    for name in ("pair_tail", "pair_1x1"):
+        wl = GENERIC[name][0]()
+        t = template.select(wl)
+        assert t.default_config(wl, t.space(wl))["tile_oc"] == 16, name
+    wl = GENERIC["pair_tail"][0]()
+    wl.inputs[2].const = False
+    assert 16 not in template.select(wl).space(wl).knobs[1].values
+    from modelc.kernels.conv_generic import _pairs
+    from modelc.kernels.conv_geometry import conv_geometry
+    for w, group, pairs in (([32, 8, 3, 3], 4, True), ([32, 16, 3, 3], 2, False), ([32, 4, 3, 3], 8, False)):
+        wl = conv_wl([1, 32, 8, 8], w, group=group, pads=[1] * 4)
+        assert _pairs(wl, conv_geometry(wl)) == pairs, (w, group)
 
 
 def test_generic_random_configs():
