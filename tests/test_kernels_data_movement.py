@@ -243,3 +243,67 @@ def test_pad_reflect_of_a_cropped_away_axis_is_not_a_kernel():
                [_c("p", [0, -3, 0, 1])])
     with pytest.raises(ModelcError):
         modelc.compile(m).run({"x": _x(2, 3)})
+
+
+# ---- GridSample ---------------------------------------------------------------------------------
+
+def _grid(*shape):
+    """Coordinates reaching past the image on every side (-1.4 .. 1.4), and the exact corners."""
+    g = _RNG.uniform(-1.4, 1.4, shape).astype(np.float32)
+    g.reshape(-1, shape[-1])[:4] = [[-1] * shape[-1], [1] * shape[-1], [-1.4] * shape[-1], [0] * shape[-1]]
+    return g
+
+
+@pytest.mark.parametrize("mode,padding,align", [
+    ("linear", "zeros", 0), ("linear", "border", 1), ("linear", "reflection", 0), ("linear", "reflection", 1),
+    ("nearest", "zeros", 1), ("nearest", "border", 0), ("nearest", "reflection", 0),
+    ("cubic", "zeros", 0), ("cubic", "border", 1), ("cubic", "reflection", 1)])
+def test_grid_sample(mode, padding, align):
+    """Every mode and padding against onnxruntime, the grid past the borders, fused with a ReLU."""
+    n = helper.make_node("GridSample", ["x", "g"], ["s"], mode=mode, padding_mode=padding, align_corners=align)
+    m = _model([n, helper.make_node("Relu", ["s"], ["y"])], {"x": _x(2, 3, 5, 7), "g": _grid(2, 4, 6, 2)}, opset=20)
+    feeds = {"x": _x(2, 3, 5, 7), "g": _grid(2, 4, 6, 2)}
+    mod = modelc.compile(m)
+    assert not mod.fallbacks, mod.fallbacks
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(mod.run(feeds)["y"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_grid_sample_16_bilinear_and_a_volume():
+    """GridSample-16's mode names (PyTorch's export) against onnxruntime, and a 3-d image
+    (GridSample-20) against ONNX's reference; modelc's own reference agrees."""
+    from onnx.reference import ReferenceEvaluator
+    m16 = _model([helper.make_node("GridSample", ["x", "g"], ["y"], mode="bilinear", align_corners=1)],
+                 {"x": _x(1, 2, 6, 6), "g": _grid(1, 3, 3, 2)}, opset=16)
+    m3d = _model([helper.make_node("GridSample", ["x", "g"], ["y"], mode="linear", padding_mode="reflection")],
+                 {"x": _x(1, 2, 4, 5, 6), "g": _grid(1, 2, 3, 4, 3)}, opset=20)
+    for m in (m16, m3d):
+        feeds = {"x": _x(*[d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]),
+                 "g": _grid(*[d.dim_value for d in m.graph.input[1].type.tensor_type.shape.dim])}
+        want = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+                if m is m16 else ReferenceEvaluator(m).run(None, feeds)[0])
+        mod = modelc.compile(m)
+        assert not mod.fallbacks
+        np.testing.assert_allclose(mod.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(modelc.reference.run(modelc.from_onnx(m), feeds)["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_grid_sample_nan_grid_reads_inside_the_image():
+    """A NaN coordinate is no index: the kernel clamps every read (here it must not crash)."""
+    g = _grid(1, 2, 2, 2)
+    g[0, 0, 0, 0] = np.nan
+    m = _model([helper.make_node("GridSample", ["x", "g"], ["y"], padding_mode="border")],
+               {"x": _x(1, 1, 3, 3), "g": g}, opset=20)
+    out = modelc.compile(m).run({"x": _x(1, 1, 3, 3), "g": g})["y"]
+    assert out.shape == (1, 1, 2, 2) and np.isfinite(out.reshape(-1)[1:]).all()
+
+
+def test_grid_sample_grid_that_does_not_fit_is_refused():
+    m = _model([helper.make_node("GridSample", ["x", "g"], ["y"])], {"x": _x(1, 2, 4, 4), "g": _grid(1, 3, 3, 3)},
+               opset=20)
+    with pytest.raises(ModelcError, match="grid"):
+        modelc.compile(m)
+    m = _model([helper.make_node("GridSample", ["x", "g"], ["y"], mode="linear")],
+               {"x": _x(1, 2, 4, 4), "g": _grid(1, 3, 3, 2)}, opset=16)
+    with pytest.raises(ModelcError, match="no mode 'linear'"):
+        modelc.compile(m)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError, UnsupportedOpError
+from ..errors import ModelcError, ShapeError, UnsupportedOpError
 from .converters import converter, passthrough
 
 
@@ -144,3 +144,18 @@ def group_normalization_per_group(ctx, node):
 
 
 converter("GroupNormalization", since=21)(passthrough)
+
+
+@converter("GridSample", since=16)
+def grid_sample_v16(ctx, node):
+    """GridSample-16 names its modes bilinear and bicubic; from 20 they are linear and cubic (and the
+    input may be N-d)."""
+    attrs = dict(node.attrs)
+    mode = attrs.get("mode", "bilinear")
+    if mode in ("linear", "cubic"):
+        raise ModelcError(f"{node.where()}: GridSample-16 has no mode {mode!r} (bilinear, nearest, bicubic)")
+    attrs["mode"] = {"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode)
+    ctx.emit("GridSample", node.inputs, node.outputs, attrs)
+
+
+converter("GridSample", since=20)(passthrough)

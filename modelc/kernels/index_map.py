@@ -15,6 +15,7 @@ from .expr import SUPPORTED as ELEMENTWISE
 from .expr import emit, lit
 from .layout import offset, strides
 from .resize_map import resize_value
+from .sample_map import grid_sample_value
 from .template import broadcast_index
 from .workload import Workload
 
@@ -273,6 +274,8 @@ class IndexMap:
             return self.value(x, self._blocks(op, in_shape, out_shape, idx), lines, ind, memo)
         if op.op == "Resize":
             return resize_value(self, op, x, in_shape, idx, dtype, lines, ind, memo)
+        if op.op == "GridSample":
+            return grid_sample_value(self, op, idx, dtype, lines, ind, memo)
         raise ModelcError(f"op {op.op} has no injective kernel")
 
     def _clip(self, iv, index_expr, dim, lines, ind):

@@ -22,7 +22,7 @@ from .workload import Workload
 
 MOVES = {"Reshape", "Transpose", "Concat", "Slice", "Gather", "Expand", "Tile", "Pad", "Split",
          "Flatten", "Squeeze", "Unsqueeze", "Resize", "GatherElements", "GatherND", "Trilu", "OneHot",
-         "EyeLike", "DepthToSpace", "SpaceToDepth"}
+         "EyeLike", "DepthToSpace", "SpaceToDepth", "GridSample"}
 CHANNEL_OPS = {"BatchNormalization"}    # elementwise, with parameters along axis 1 (not epilogues)
 
 
@@ -47,6 +47,8 @@ class Injective(Template):
                 return False                    # nothing to reflect or repeat: the reference says why
             if op.op in ("DepthToSpace", "SpaceToDepth") and len(wl.spec(op.args[0]).shape) != 4:
                 return False
+            if op.op == "GridSample" and any(wl.spec(r).dtype not in (np.float32, np.float64) for r in op.args[:2]):
+                return False                    # (float16 images: the reference)
             if op.op in ("Slice", "Pad", "Split") and any(     # Pad's value may be an input
                     x.startswith("i") for j, x in enumerate(op.args[1:], 1) if x and (op.op, j) != ("Pad", 2)):
                 return False
