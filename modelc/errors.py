@@ -21,6 +21,11 @@ class UnsupportedOpError(ModelcError):
             f"the model uses {len(self.unsupported)} unsupported operator type(s):\n" + "\n".join(lines))
 
 
+class DynamicError(ModelcError):
+    """Control flow (an If's condition, a Loop's trip count) or a sequence position depends on the
+    model's input data: modelc compiles static graphs."""
+
+
 class ShapeError(ModelcError):
     """An input shape is missing, has the wrong rank, or an op's shapes do not agree."""
 

@@ -113,6 +113,51 @@ class Context:
         self.opset = opset
         self.known: dict[str, np.ndarray] = {}   # values computable at import (not constants)
         self.current: Node | None = None
+        # ONNX sequences, all resolved at import (control_flow.py): name -> its tensors' names
+        self.sequences: dict[str, list[str]] = {}
+        self.unrolled = 0                        # nodes Loops have written out so far
+        self.reserved: set[str] = set()          # every name the model itself uses
+        self._used: set[str] = set()
+
+    def fresh(self, hint: str) -> str:
+        """A tensor name used nowhere: not in the graph, not among the model's own names."""
+        name, k = hint, 0
+        while name in self.graph.tensors or name in self.graph.nx or name in self.reserved or \
+                name in self.sequences:
+            k += 1
+            name = f"{hint}_{k}"
+        self.reserved.add(name)
+        return name
+
+    def add_initializer(self, init: onnx.TensorProto):
+        self.graph.add_const(init.name, _initializer(init))
+
+    def import_node(self, n: onnx.NodeProto, index: int):
+        """Check one ONNX node and convert it into canonical nodes (also those of an inlined If
+        branch or an unrolled Loop body, control_flow.py)."""
+        graph = self.graph
+        base = n.name or f"{n.op_type}_{index}"
+        name = base if base not in self._used else graph.fresh_name(base)
+        self._used.add(name)
+        check_node(n, index, self.opset)
+        # consumed_inputs (opsets < 6) was a memory hint with no effect on the result
+        attrs = {a.name: decode_attr(a) for a in n.attribute if a.name != "consumed_inputs"}
+        if n.op_type in WINDOW_OPS:   # an empty list is the default, as onnxruntime reads it
+            attrs = {k: v for k, v in attrs.items() if not (k in WINDOW_LISTS and v == [])}
+        node = Node(name, n.op_type, list(n.input), list(n.output), attrs, onnx_name=n.name or name)
+        for inp in node.inputs:
+            if inp and inp not in graph.tensors and inp not in self.sequences:
+                raise ModelLoadError(f"{node.where()} reads tensor {inp!r}, which is neither a graph "
+                                     "input, an initializer nor the output of an earlier node "
+                                     "(the nodes may not be in topological order)")
+        check_types(n, index, self.opset, [graph.tensors[t].dtype if t in graph.tensors else None
+                                           for t in node.inputs])
+        outer, self.current = self.current, node
+        conv.lookup(n.op_type, self.opset)(self, node)
+        self.current = outer
+        for out in node.outputs:
+            if out and out not in self.sequences and (out not in graph.tensors or graph.tensors[out].shape is None):
+                raise ModelcError(f"{node.where()}: the converter did not produce output {out!r}")
 
     # queries
     def tensor(self, name) -> Tensor:
@@ -219,6 +264,8 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
     graph = Graph(g.name or "graph")
     graph.opset = opset
     ctx = Context(graph, opset)
+    ctx.reserved = {i.name for i in g.input} | {t.name for t in g.initializer} | \
+        {x for n in _all_nodes(g) for x in list(n.input) + list(n.output) if x}
 
     init_names = set()
     for init in g.initializer:
@@ -242,30 +289,12 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
         graph.add_tensor(name, shp, dtype)
         graph.inputs.append(name)
 
-    used = set()
     for i, n in enumerate(g.node):
-        base = n.name or f"{n.op_type}_{i}"
-        name = base if base not in used else graph.fresh_name(base)
-        used.add(name)
-        # consumed_inputs (opsets < 6) was a memory hint with no effect on the result
-        attrs = {a.name: decode_attr(a) for a in n.attribute if a.name != "consumed_inputs"}
-        if n.op_type in WINDOW_OPS:   # an empty list is the default, as onnxruntime reads it
-            attrs = {k: v for k, v in attrs.items() if not (k in WINDOW_LISTS and v == [])}
-        node = Node(name, n.op_type, list(n.input), list(n.output), attrs, onnx_name=n.name or name)
-        for inp in node.inputs:
-            if inp and inp not in graph.tensors:
-                raise ModelLoadError(f"{node.where()} reads tensor {inp!r}, which is neither a graph "
-                                     "input, an initializer nor the output of an earlier node "
-                                     "(the nodes may not be in topological order)")
-        check_types(n, i, opset, [graph.tensors[t].dtype if t else None for t in node.inputs])
-        ctx.current = node
-        conv.lookup(n.op_type, opset)(ctx, node)
-        ctx.current = None
-        for out in node.outputs:
-            if out and (out not in graph.tensors or graph.tensors[out].shape is None):
-                raise ModelcError(f"{node.where()}: the converter did not produce output {out!r}")
+        ctx.import_node(n, i)
 
     for out in g.output:
+        if out.name in ctx.sequences:
+            raise ModelcError(f"graph output {out.name!r} is a sequence; modelc's modules return tensors")
         if out.name not in graph.tensors:
             raise ModelLoadError(f"graph output {out.name!r} is not produced by any node")
         graph.outputs.append(out.name)
@@ -298,7 +327,7 @@ def _initializer(init: onnx.TensorProto) -> np.ndarray:
 def _check_supported(g: onnx.GraphProto, opset: int):
     """Raise one error listing every op type the model uses that modelc cannot import."""
     missing: dict[str, list[str]] = {}
-    for i, n in enumerate(g.node):
+    for i, n in enumerate(_all_nodes(g)):
         if n.domain not in ONNX_DOMAINS:
             key = f"{n.domain}.{n.op_type}"
         elif (n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY) and \
@@ -309,6 +338,16 @@ def _check_supported(g: onnx.GraphProto, opset: int):
         missing.setdefault(key, []).append(n.name or f"#{i}")
     if missing:
         raise UnsupportedOpError(missing)
+
+
+def _all_nodes(g: onnx.GraphProto):
+    """The graph's nodes and those of the subgraphs they hold (If branches, Loop bodies)."""
+    for n in g.node:
+        yield n
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                        list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                yield from _all_nodes(sub)
 
 
 def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_batch=None) -> dict:
