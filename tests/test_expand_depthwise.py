@@ -324,3 +324,19 @@ def test_exported_blocks_fuse_and_agree_with_onnxruntime(kind):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = mod.run({"x": x})["y"]
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_rows_of_odd_widths_take_a_whole_row_tile(isa):
+    """Rows of 10 or 19 pixels (EfficientNet-B3 at 300x300) had only tiles of 2 or 4 pixels without
+    waste: the row and its half are candidates, and the default is no longer latency-bound."""
+    tg = (target.Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads=2) if isa == "avx2"
+          else target.Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl", threads=2))
+    with target.use(tg):
+        for h, kh in ((10, 5), (19, 3)):
+            wl = ed_wl(32, 96, h, kh=kh, act1="SiLU", act2="SiLU")
+            tpl = template.select(wl)
+            cfg = tpl.default_config(wl, tpl.space(wl))
+            assert cfg["tile_ow"] * cfg["tile_oc_blocks"] >= tg.accumulators_in_flight, (h, cfg)
+            assert cfg["tile_dw"] >= min(h, tg.accumulators_in_flight) // 2, (h, cfg)
+        check(wl)

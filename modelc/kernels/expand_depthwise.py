@@ -92,6 +92,13 @@ class Geometry:
         self.BW = self.W + self.pl + self.pr             # a ring row, with the padding columns
 
 
+def _with_row(candidates, w: int) -> list:
+    """Tile widths up to a row of `w`, with the row and its half among them: EfficientNet-B3's
+    rows of 10 and 19 had only tiles of 2 or 4 without waste, latency-bound (its 232 -> 1392 block
+    on 10x10 ran 4.5 ms against onnxruntime's 0.49, AMD EPYC Zen 4)."""
+    return sorted({t for t in candidates if t <= w} | {w, -(-w // 2)})
+
+
 @register
 class ExpandDepthwise(Template):
     name = "expand_depthwise"
@@ -142,11 +149,11 @@ class ExpandDepthwise(Template):
         vec = -(-g.b // lanes)
         blocks = g.K // g.b
         sp = ConfigSpace()
-        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.W and t * vec <= tg.max_tile_vectors] or [1])
+        sp.define_knob("tile_ow", [t for t in _with_row(OWT_CANDIDATES, g.W) if t * vec <= tg.max_tile_vectors] or [1])
         # m blocks of b channels per item, as conv2d's tile_oc_blocks: without AVX-512's broadcast
         # operand each broadcast input is a load of its own, and two vectors of channels share it
         sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 3, 4) if blocks % m == 0 and m * g.b <= 4 * lanes])
-        sp.define_knob("tile_dw", [t for t in DW_CANDIDATES if t <= g.OW] or [1])
+        sp.define_knob("tile_dw", _with_row(DW_CANDIDATES, g.OW) or [1])
         sp.define_knob("row_groups", [r for r in GROUP_CANDIDATES if r <= g.OH])
         most = tg.vector_registers // 2            # depthwise accumulators (the rest: weights, inputs)
         extra = 0 if tg.broadcast_in_fma else 1
