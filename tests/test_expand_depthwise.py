@@ -85,7 +85,8 @@ def check(wl, extra=()):
 @pytest.mark.parametrize("case,extra", [
     (dict(c=16, k=32, h=9, s=1, hout=1), [dict(tile_ow=4, tile_dw=2, row_groups=3)]),
     (dict(c=16, k=32, h=11, w=9, s=2, hin=1), [dict(tile_ow=7, tile_dw=4, row_groups=2, tile_oc_blocks=2)]),
-    (dict(c=24, k=48, h=10, kh=5, s=2, act1="SiLU", act2="SiLU", n=2), [dict(row_groups=4, tile_oc_blocks=3)]),
+    (dict(c=24, k=48, h=10, kh=5, s=2, act1="SiLU", act2="SiLU", n=2),
+     [dict(row_groups=4, tile_oc_blocks=3, tile_ow=4)]),
     (dict(c=8, k=16, h=9, kh=3, s=2, pads=[0, 0, 1, 1], bias1=False, bias2=False, act1="Relu", act2=None), []),
     (dict(c=16, k=16, h=12, d=2, res=True, act2=None), [dict(tile_dw=1, row_groups=6)]),
     (dict(c=3, k=32, h=23, k1=3, s1=2, act1="SiLU"), [dict(tile_ow=4, row_groups=3, tile_oc_blocks=2)]),  # stem

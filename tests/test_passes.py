@@ -291,3 +291,34 @@ def test_split_becomes_one_slice_per_output(opset, split):
     assert [n.op_type for n in opt.topo()] == ["Slice", "Slice"]
     feeds = _feeds(g)
     _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+
+
+def test_convs_over_one_pixel_become_dense_layers():
+    """A squeeze-excitation block's 1x1 convs on the pooled 1x1 map, and a fully connected layer
+    written as a conv whose window is its whole input (VGG-style): Dense layers, their activations
+    on [N, K] so they stay epilogues, and no reshape between two of them; a padded 3x3 conv over one
+    pixel too, once its taps that read only padding are cut. A grouped one stays a conv."""
+    rng = np.random.default_rng(6)
+    inits = [_const("w1", rng.standard_normal((8, 32, 1, 1)).astype(np.float32)),
+             _const("b1", rng.standard_normal(8).astype(np.float32)),
+             _const("w2", rng.standard_normal((32, 8, 1, 1)).astype(np.float32)),
+             _const("wg", rng.standard_normal((32, 4, 1, 1)).astype(np.float32)),
+             _const("wp", rng.standard_normal((32, 32, 3, 3)).astype(np.float32)),
+             _const("wf", rng.standard_normal((10, 32, 5, 5)).astype(np.float32))]
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["m"]),
+             helper.make_node("Conv", ["m", "w1", "b1"], ["s1"]), helper.make_node("Relu", ["s1"], ["s1r"]),
+             helper.make_node("Conv", ["s1r", "w2"], ["s2"]), helper.make_node("HardSigmoid", ["s2"], ["gate"]),
+             helper.make_node("Conv", ["gate", "wg"], ["grp"], group=8),
+             helper.make_node("Conv", ["grp", "wp"], ["pad"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["x", "pad"], ["g"]),
+             helper.make_node("Conv", ["g", "wf"], ["y"])]
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", [2, 32, 5, 5])], [_vi("y", [2, 10, 1, 1])], inits))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    ops = [n.op_type for n in opt.topo()]
+    assert ops.count("Dense") == 4 and ops.count("Conv") == 1, ops
+    d1, d2 = [n for n in opt.topo() if n.op_type == "Dense"][:2]
+    assert opt.producer(d2.inputs[0]).op_type == "Relu" and opt.producer(opt.producer(d2.inputs[0]).inputs[0]) is d1
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+    fused = passes.optimize(g)
+    assert all(n.op_type != "Relu" for n in fused.topo())       # the ReLU is the dense kernel's epilogue

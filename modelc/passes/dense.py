@@ -1,14 +1,18 @@
 """MatMul and Gemm with constant weights become Dense(x, w[K, N], bias[N]), absorbing a bias Add.
 
 One canonical form means one kernel template and one workload key for a fully connected layer,
-whether it was exported as Gemm(transB=1) (torchvision's classifier), MatMul + Add (transformers)
-or Gemm with alpha/beta.
+whether it was exported as Gemm(transB=1) (torchvision's classifier), MatMul + Add (transformers),
+Gemm with alpha/beta, or a convolution whose window is its whole unpadded input: the squeeze-and-
+excitation blocks' 1x1 convs on 1x1 maps (EfficientNet, MobileNetV3, RegNetY) and old zoo models'
+fully connected layers written as convs. conv2d ran those as one pixel's reduction over all input
+channels (EfficientNet-B3's 2304 -> 96: 0.176 ms, onnxruntime 0.034); the dense template, 0.009.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir import Graph, Node
+from ..ops.registry import REGISTRY, Kind
 from .util import only_consumer, other_input
 
 
@@ -125,7 +129,76 @@ def _decompose_gemm(graph: Graph, node: Node):
         graph.add_node(n, order)
 
 
+def _conv_as_dense(graph: Graph, node: Node):
+    """Conv(x[N, C, *S], w[K, C, *S]) without groups or pads, its output one pixel:
+    Reshape(x, [N, C * prod(S)]) -> Dense -> Reshape([N, K, 1, ...])."""
+    a = node.attrs
+    x, out = node.inputs[0], node.outputs[0]
+    w = graph.value(node.inputs[1])
+    xs, ys = graph.tensors[x].shape, graph.tensors[out].shape
+    if w is None or a.get("group", 1) != 1 or any(a.get("pads", [0])) or a.get("auto_pad", "NOTSET") != "NOTSET" \
+            or len(xs) < 3 or tuple(w.shape[2:]) != tuple(xs[2:]) or any(d != 1 for d in ys[2:]) \
+            or graph.tensors[x].dtype != np.float32 or w.shape[1] != xs[1]:
+        return
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+    if bias and graph.value(bias) is None:
+        return
+    n, k, flat = xs[0], w.shape[0], int(np.prod(xs[1:]))
+    dt = graph.tensors[x].dtype
+    order = graph.nx.nodes[node.name]["order"]
+
+    def shape_const(v):
+        return graph.add_const(graph.fresh_name(f"{node.name}_shape"), np.array(v, np.int64))
+    y2 = graph.fresh_name(f"{node.name}_dense")
+    graph.add_tensor(y2, (n, k), dt)
+    wk = graph.add_const(graph.fresh_name(f"{node.name}_w"), np.ascontiguousarray(w.reshape(k, flat).T))
+    new = []
+    src = graph.producer(x)
+    if src is not None and src.op_type == "Reshape" and graph.tensors[src.inputs[0]].shape == (n, flat):
+        x2 = src.inputs[0]             # the last one's [N, K] (two SE convs in a row): no reshapes between
+    else:
+        x2 = graph.fresh_name(f"{node.name}_flat")
+        graph.add_tensor(x2, (n, flat), dt)
+        new.append(Node(graph.fresh_name(f"{node.name}_flatten"), "Reshape", [x, shape_const([n, flat])], [x2], {},
+                        node.onnx_name))
+    new += [Node(node.name, "Dense", [x2, wk] + ([bias] if bias else []), [y2], {}, node.onnx_name),
+           Node(graph.fresh_name(f"{node.name}_unflatten"), "Reshape", [y2, shape_const(list(ys))], [out], {},
+                node.onnx_name)]
+    # the activations after it run on [N, K], before the shape is restored, so that they stay the
+    # dense kernel's epilogue (a Reshape in between would leave each a kernel of its own)
+    last = y2
+    for op in _pointwise_chain(graph, out):
+        graph.remove_node(op.name, drop_outputs=False)
+        y = graph.fresh_name(f"{op.name}_flat")
+        graph.add_tensor(y, (n, k), graph.tensors[op.outputs[0]].dtype)
+        new.insert(-1, Node(op.name, op.op_type, [last if i == out else i for i in op.inputs], [y], dict(op.attrs),
+                            op.onnx_name))
+        out, last = op.outputs[0], y
+    new[-1].inputs[0], new[-1].outputs[0] = last, out
+    graph.remove_node(node.name, drop_outputs=False)
+    for m in new:
+        graph.add_node(m, order)
+
+
+def _pointwise_chain(graph: Graph, t: str) -> list:
+    """The elementwise ops reading `t` one after another (each the only reader of the last), whose
+    other operands are single constants: they commute with a reshape."""
+    chain = []
+    while True:
+        op = only_consumer(graph, t)
+        if op is None or REGISTRY.get(op.op_type) is None or \
+                REGISTRY[op.op_type].kind not in (Kind.ELEMWISE, Kind.BROADCAST) or len(op.outputs) != 1 or \
+                graph.tensors[op.outputs[0]].shape != graph.tensors[t].shape or \
+                any(i != t and i and (graph.value(i) is None or graph.value(i).size != 1) for i in op.inputs):
+            return chain
+        chain.append(op)
+        t = op.outputs[0]
+
+
 def to_dense(graph: Graph) -> Graph:
+    for node in graph.topo():
+        if node.op_type == "Conv":
+            _conv_as_dense(graph, node)
     for node in graph.topo():
         if node.op_type == "Gemm" and not _gemm_is_dense(graph, node):
             _decompose_gemm(graph, node)
