@@ -101,6 +101,10 @@ GENERIC = {
     "pair_tail": (lambda: conv_wl([1, 40, 7, 7], [40, 8, 3, 3], group=5, pads=[1] * 4, x_layout=[8, 1],
                                   out_layout=[8, 1], relu=True, res=True, res_layout=[8, 0]),
                   [dict(tile_ow=4, stage_row=False)]),
+    # an ungrouped 3-d conv to 23 channels: the second tile runs past them
+    "wide_3d": (lambda: conv_wl([1, 5, 3, 6, 7], [23, 5, 1, 3, 3], pads=[0, 1, 1, 0, 1, 1], strides=[1, 2, 1],
+                                relu=True, res=True),
+                [dict(tile_ow=2)]),
     # ... over groups of 24: some tiles within a group, some split at its edge; flattened rows
     "pair_1x1": (lambda: conv_wl([1, 48, 5, 5], [48, 24, 1, 1], group=2, relu=True, outputs="all"),
                  [dict(tile_ow=16)]),
@@ -137,18 +141,19 @@ def test_a_1x1_conv_over_plain_rows_runs_over_the_flattened_image():
 def test_pair_tiles_where_groups_are_half_vectors():
     """Groups of 8k channels (k odd) take the 16-channel tile by default; past the last channel only
     with a packed (constant) bias, which is padded with the weights."""
-    for name in ("pair_tail", "pair_1x1"):
+    for name in ("pair_tail", "pair_1x1", "wide_3d"):
         wl = GENERIC[name][0]()
         t = template.select(wl)
         assert t.default_config(wl, t.space(wl))["tile_oc"] == 16, name
     wl = GENERIC["pair_tail"][0]()
     wl.inputs[2].const = False
     assert 16 not in template.select(wl).space(wl).knobs[1].values
-    from modelc.kernels.conv_generic import _pairs
+    from modelc.kernels.conv_generic import _wide_tile
     from modelc.kernels.conv_geometry import conv_geometry
-    for w, group, pairs in (([32, 8, 3, 3], 4, True), ([32, 16, 3, 3], 2, False), ([32, 4, 3, 3], 8, False)):
+    for w, group, wide in (([32, 8, 3, 3], 4, True), ([32, 16, 3, 3], 2, False), ([32, 4, 3, 3], 8, False),
+                           ([40, 32, 3, 3], 1, True), ([4, 32, 3, 3], 1, False)):
         wl = conv_wl([1, 32, 8, 8], w, group=group, pads=[1] * 4)
-        assert _pairs(wl, conv_geometry(wl)) == pairs, (w, group)
+        assert _wide_tile(wl, conv_geometry(wl)) == wide, (w, group)
 
 
 def test_generic_random_configs():

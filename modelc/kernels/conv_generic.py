@@ -104,7 +104,7 @@ class ConvGeneric(Template):
         owts = sorted({t for t in OWT_CANDIDATES if t <= ow} | ({ow} if ow <= 128 else set()))
         sp.define_knob("tile_ow", owts)
         sp.define_knob("tile_oc", [m for m in (1, 2, 4, 8, 16, 32) if g.Kg % m == 0] +
-                       ([PAIR] if _pairs(wl, g) else []))
+                       ([PAIR] if _wide_tile(wl, g) else []))
         sp.define_knob("vector_axis", ["ow", "oc"] if _oc_possible(wl, g) else ["ow"])
         sp.define_annotate("unroll_kw", [False, True])
         # (staging only ever zero-pads the row)
@@ -156,8 +156,9 @@ class ConvGeneric(Template):
         PH = sw if TR else 1                       # a transposed row is computed per phase mod sw
         OWT = max(1, min(OWT, OW // PH))
         NT = -(-(-(-OW // PH)) // OWT)
-        # output-channel tiles: within a group, or a pair tile (two half-vector groups' channels)
-        pair = axis == "oc" and Kg % OCT != 0
+        # output-channel tiles: within a group, or a wide tile: two half-vector groups' channels
+        # (pair), or past the last channel of an ungrouped conv
+        pair = axis == "oc" and Kg % OCT != 0 and K != Kg
         KO = -(-K // OCT)                          # (a pair tile may run past K: padded channels)
         lead = nd - 1
         x_arg = int(conv.args[0][1:])
@@ -430,21 +431,32 @@ def channel_vectors(kg: int) -> bool:
     return kg % 8 == 0
 
 
-def _pairs(wl: Workload, g) -> bool:
-    """Whether a tile of PAIR channels may hold two groups' halves: groups of 8 channels times an odd
-    number (RegNet's widths of 8, ShuffleNet v1's 136) fill only half of an AVX-512 vector, and LLVM
-    would not vectorise a tile of 8 channels at all (scalar FMAs; with reassociation it vectorised
-    the input-channel loop and spilled): ShuffleNet v1's 1x1 conv 544 -> 544 in 4 groups on 7x7
-    0.236 -> 0.082 ms, RegNetY's 3x3 208 -> 208 in 26 groups on 14x14 0.094 -> 0.076 ms (AMD EPYC Zen 4).
+def _wide_tile(wl: Workload, g) -> bool:
+    """Whether a tile of PAIR channels may reach past a group's channels (PAIR not dividing them):
+    - grouped, groups of 8 channels times an odd number (RegNet's widths of 8, ShuffleNet v1's 136):
+      the tile holds two groups' halves, which fill only half of an AVX-512 vector each, and LLVM
+      would not vectorise a tile of 8 channels at all (scalar FMAs; with reassociation it vectorised
+      the input-channel loop and spilled): ShuffleNet v1's 1x1 conv 544 -> 544 in 4 groups on 7x7
+      0.236 -> 0.082 ms, RegNetY's 3x3 208 -> 208 in 26 groups on 14x14 0.094 -> 0.076 ms;
+    - ungrouped, any number of channels from 8: the last tile runs past them (R(2+1)D's 3-d convs to
+      230, 460 and 921 channels ran their rows with 4-channel tiles: 1x3x3 64 -> 230 on 16x56x56
+      126-162 ms, onnxruntime 17.5).
     Past the last channel the tile reads zero weights, so the bias must be packed too."""
-    if not (_oc_possible(wl, g) and g.Kg % (PAIR // 2) == 0 and g.Kg % PAIR):
+    if not _const(wl, wl.anchor.args[1]) or g.transpose or g.Kg % PAIR == 0:
         return False
+    if g.K == g.Kg:
+        ok = g.K >= PAIR // 2
+    else:
+        ok = g.Kg % (PAIR // 2) == 0
     bias = wl.anchor.args[2] if len(wl.anchor.args) > 2 else ""
-    return g.K % PAIR == 0 or not bias or bias.startswith("p") or wl.inputs[int(bias[1:])].const
+    return ok and (g.K % PAIR == 0 or not bias or _const(wl, bias))
+
+
+def _const(wl: Workload, ref: str) -> bool:
+    return ref.startswith("p") or wl.inputs[int(ref[1:])].const
 
 
 def _oc_possible(wl: Workload, g) -> bool:
-    """Channel vectors need a packable (constant) weight and 8k output channels per group."""
-    w = wl.anchor.args[1]
-    const = w.startswith("p") or wl.inputs[int(w[1:])].const
-    return not g.transpose and const and channel_vectors(g.Kg)
+    """Channel vectors need a packable (constant) weight and 8k output channels per group, or a
+    tile that may run past them."""
+    return not g.transpose and _const(wl, wl.anchor.args[1]) and (channel_vectors(g.Kg) or _wide_tile(wl, g))
