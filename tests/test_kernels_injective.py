@@ -71,7 +71,7 @@ def test_division_by_zero_gives_inf_as_onnx_says():
 @pytest.mark.parametrize("shape,layout,items", [
     ((1, 3, 40, 24), [3, 1], 40),           # an image into a 3-lane block: an item per row
     ((2, 8, 5, 7), [4, 0], 2 * 2 * 5),      # short rows of 4-lane blocks
-    ((2, 16, 5, 7), [8, 0], 2 * 2 * 5 * 7),  # a vector's worth of lanes: an item per pixel
+    ((2, 16, 5, 7), [8, 0], 2 * 2 * 5),      # a vector's worth of lanes from plain rows: a row, lane by lane
     ((1, 4, 2, 2), [4, 1], 2 * 2),          # too few rows to share: an item per pixel
 ])
 def test_layout_transform_items_are_rows_when_the_block_is_narrow(shape, layout, items):

@@ -80,17 +80,24 @@ class Injective(Template):
 
     def _loop(self, gen: IndexMap, k: int, out, ref: str) -> list:
         shape = out.shape
+        inner = None
         if out.layout:                      # iterate in physical order: n, c block, y, x, lane
             b = out.layout[0]
             n, c, h, w = shape
             dims = [n, c // b, h, w, b]
             names = ["a0", "a1", "a2", "a3", "a4"]
             logical = ["a0", ("a1", "a4", b), "a2", "a3"]
+            if b >= 8 and _from_plain_rows(gen.wl, h, w):
+                # from plain rows (a layout transform, ShuffleNet's channel shuffle into blocks): a
+                # row of all lanes per item, lane by lane, so that reads run along the input's rows
+                # and the channel arithmetic is once per lane, not per element (its 112 x 56 x 56
+                # shuffle 1.0 -> 0.13 ms on one thread; onnxruntime 0.046 on two; AMD EPYC Zen 4)
+                dims, names, inner = [n, c // b, h, b, w], ["a0", "a1", "a2", "a4", "a3"], 2
         else:
             dims = list(shape) or [1]
             names = [f"a{j}" for j in range(len(dims))]
             logical = names[:len(shape)]
-        inner = _inner_dims(dims, target.current().threads)
+        inner = inner or _inner_dims(dims, target.current().threads)
         outer = dims[:-inner]
         total = math.prod(outer) if outer else 1
         lines = [parallel_loop("it", total)]
@@ -111,6 +118,14 @@ class Injective(Template):
         lines += stmts
         lines.append(f"{ind}out{k}[np.uintp({offset(shape, out.layout, logical if shape else [])})] = {v}")
         return lines
+
+
+def _from_plain_rows(wl: Workload, h: int, w: int) -> bool:
+    """Whether every tensor the group reads is plain and one of them a whole image of h x w (or more)
+    pixels: the group then moves plain rows into blocks."""
+    ins = [t for t in wl.inputs if not t.const]
+    return bool(ins) and all(t.layout is None for t in ins) and \
+        any(len(t.shape) >= 2 and math.prod(t.shape[-2:]) >= h * w > 1 for t in ins)
 
 
 def _inner_dims(dims: list, threads: int) -> int:
