@@ -60,6 +60,8 @@ POOLS = [
     ("MaxPool", (1, 2, 5, 6, 7), {"kernel_shape": [2, 3, 2], "dilations": [2, 1, 2], "ceil_mode": 1}),
     ("MaxPool", (2, 3, 7, 7), {"kernel_shape": [3, 3], "auto_pad": "SAME_LOWER", "strides": [2, 2]}),
     ("MaxPool", (1, 2, 6, 6), {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1]}),   # pads = window: Pool2d refuses
+    ("MaxPool", (1, 3, 4, 6, 7), {"kernel_shape": [3, 3, 3], "pads": [1] * 6}),    # S3D's
+    ("MaxPool", (1, 2, 5, 9, 9), {"kernel_shape": [1, 3, 3], "strides": [1, 2, 2], "pads": [0, 1, 1, 0, 1, 1]}),
     ("AveragePool", (1, 3, 9), {"kernel_shape": [4], "strides": [2], "pads": [2, 1], "count_include_pad": 1}),
     ("AveragePool", (1, 2, 6, 5, 7), {"kernel_shape": [3, 2, 3], "strides": [2, 2, 2], "pads": [1, 0, 1, 1, 1, 0],
                                           "ceil_mode": 1, "count_include_pad": 1}),
@@ -92,6 +94,21 @@ def test_maxpool_indices(storage_order):
                                   "storage_order": storage_order},
                n_out=2, out_types=[TensorProto.FLOAT, TensorProto.INT64])
     check(m, x)
+
+
+def test_maxpool_nan_wins_as_in_the_reference():
+    """A NaN in a window makes its max NaN (numpy's maximum, the reference), wherever it is."""
+    x = randn(1, 2, 3, 5, 6)
+    x[0, 0, 1, 2, 3] = np.nan
+    x[0, 1, 0, 0, 0] = np.nan
+    m = _model("MaxPool", x, {"kernel_shape": [2, 2, 2], "pads": [0, 1, 0, 1, 0, 1]})
+    mod = modelc.compile(m)
+    assert not mod.fallbacks
+    want = modelc.reference.run(modelc.from_onnx(m), {"x": x})
+    got = mod.run({"x": x})
+    for k in want:
+        np.testing.assert_array_equal(np.isnan(got[k]), np.isnan(want[k]))
+        np.testing.assert_array_equal(got[k][~np.isnan(want[k])], want[k][~np.isnan(want[k])])
 
 
 def test_pool_float64_and_inf():
