@@ -90,3 +90,31 @@ def test_layout_transform_items_are_rows_when_the_block_is_narrow(shape, layout,
     assert cache.load(k.source).n_items == items
     got, want, *_ = testing.run(wl, tpl, tpl.space(wl).get(0))
     assert testing.max_rel_error(got, want) == 0
+
+
+def test_a_channel_concat_of_whole_blocks_runs_a_loop_per_part():
+    """DenseNet's concat + BN + ReLU: one loop over each part's blocks, reading that part alone,
+    whatever the part's layout."""
+    from modelc.kernels import testing
+    from modelc.kernels.template import get
+    from modelc.kernels.workload import Workload
+
+    def wl(after):
+        parts = [{"shape": [1, c, 3, 4], "dtype": "float32", "const": False, "layout": [8, 0]} for c in (16, 8, 24)]
+        ops = [{"op": "Concat", "attrs": {"axis": 1}, "args": ["i0", "i1", "i2"]},
+               {"op": "Mul", "attrs": {}, "args": ["v0", "i3"]},
+               {"op": after, "attrs": {}, "args": ["v1"]}]
+        return Workload({"version": 1, "ops": ops, "params": {},
+                         "inputs": parts + [{"shape": [1, 48, 1, 1], "dtype": "float32", "const": True}],
+                         "outputs": [{"shape": [1, 48, 3, 4], "dtype": "float32", "value": "v2", "layout": [8, 0]}]})
+    tpl = get("injective")
+    for after, loops in (("Relu", 3), ("Identity", 3)):
+        w = wl(after)
+        k = tpl.build(w, tpl.space(w).get(0))
+        assert k.source.count("for it in range(") == loops
+        got, want, *_ = testing.run(w, tpl, tpl.space(w).get(0))
+        assert testing.max_rel_error(got, want) == 0
+    w = wl("Relu")
+    w.inputs[1].layout = None                   # a part in plain rows: still whole blocks of the output
+    got, want, *_ = testing.run(w, tpl, tpl.space(w).get(0))
+    assert testing.max_rel_error(got, want) == 0

@@ -60,6 +60,7 @@ class IndexMap:
         self.n = 0
         self.params_used = set()
         self.tables = {}             # generated lookup arrays (Resize taps): name -> array
+        self.parts = {}              # Concat op index -> the part this loop computes (injective.py)
 
     def fresh(self):
         self.n += 1
@@ -161,6 +162,14 @@ class IndexMap:
             sub = list(idx)
             sub[axis] = f"{sum(sizes[:slot])} + {idx[axis]}"
             return self.value(x, sub, lines, ind, memo)
+        if op.op == "Concat" and op.index in self.parts:     # the loop runs over one part's blocks
+            axis = op.attrs["axis"] % len(out_shape)
+            j = self.parts[op.index]
+            blk, lane, b = idx[axis]
+            start = sum(self.shape(arg)[axis] for arg in a[:j])
+            sub = list(idx)
+            sub[axis] = (f"({blk}) - {start // b}" if start else blk, lane, b)
+            return self.value(a[j], sub, lines, ind, memo)
         if op.op == "Concat":
             axis = op.attrs["axis"] % len(out_shape)
             ci = idx[axis]

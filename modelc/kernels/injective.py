@@ -81,6 +81,21 @@ class Injective(Template):
     def _loop(self, gen: IndexMap, k: int, out, ref: str) -> list:
         shape = out.shape
         inner = None
+        parts = _channel_parts(gen.wl, ref, out)
+        if parts is not None:
+            # a channel concat of whole blocks: a loop per part, each reading its own input, no
+            # branch on the channel per element (DenseNet-161's concat + BN + ReLU of 45 parts
+            # into 2208 x 7 x 7: 0.13 ms, onnxruntime 0.03; AMD EPYC Zen 4)
+            index, bounds = parts
+            b = out.layout[0]
+            n, c, h, w = shape
+            lines = []
+            for j, (start, size) in enumerate(bounds):
+                gen.parts = {index: j}
+                lines += self._nest(gen, k, out, ref, [n, size // b, h, w, b], ["a0", "a1", "a2", "a3", "a4"],
+                                    ["a0", (f"a1 + {start // b}", "a4", b), "a2", "a3"], 1)
+            gen.parts = {}
+            return lines
         if out.layout:                      # iterate in physical order: n, c block, y, x, lane
             b = out.layout[0]
             n, c, h, w = shape
@@ -98,6 +113,11 @@ class Injective(Template):
             names = [f"a{j}" for j in range(len(dims))]
             logical = names[:len(shape)]
         inner = inner or _inner_dims(dims, target.current().threads)
+        return self._nest(gen, k, out, ref, dims, names, logical, inner)
+
+    @staticmethod
+    def _nest(gen: IndexMap, k: int, out, ref: str, dims, names, logical, inner) -> list:
+        shape = out.shape
         outer = dims[:-inner]
         total = math.prod(outer) if outer else 1
         lines = [parallel_loop("it", total)]
@@ -118,6 +138,39 @@ class Injective(Template):
         lines += stmts
         lines.append(f"{ind}out{k}[np.uintp({offset(shape, out.layout, logical if shape else [])})] = {v}")
         return lines
+
+
+def _channel_parts(wl: Workload, ref: str, out):
+    """(the Concat's op index, [(first channel, channels)] per part) where output `ref` is, through
+    elementwise ops only, one Concat along the channels of a blocked output, every part whole blocks."""
+    if not out.layout or len(out.shape) != 4:
+        return None
+    concats = [op for op in wl.ops if op.op == "Concat"]
+    if len(concats) != 1:
+        return None
+    cat = concats[0]
+    b = out.layout[0]
+    shape = wl.spec(f"v{cat.index}").shape
+    sizes = [wl.spec(a).shape[1] for a in cat.args] if len(shape) == 4 else []
+    if not sizes or cat.attrs["axis"] % 4 != 1 or shape[1] != out.shape[1] or any(s % b for s in sizes):
+        return None
+    producer = {f"v{op.index}": op for op in wl.ops}
+
+    def through(r) -> bool:           # every route from r to the concat runs through elementwise ops
+        op = producer.get(r)
+        if op is None or op is cat:
+            return True
+        if op.op in ELEMENTWISE or op.op in CHANNEL_OPS:
+            return all(through(a) for a in op.args if a)
+        return not upstream(r)
+
+    def upstream(r) -> bool:          # the concat feeds r
+        op = producer.get(r)
+        return op is not None and (op is cat or any(upstream(a) for a in op.args if a))
+    if not upstream(ref) or not through(ref):
+        return None
+    starts = [sum(sizes[:j]) for j in range(len(sizes))]
+    return cat.index, [(st, sz) for st, sz in zip(starts, sizes) if sz]
 
 
 def _from_plain_rows(wl: Workload, h: int, w: int) -> bool:
