@@ -322,3 +322,21 @@ def test_convs_over_one_pixel_become_dense_layers():
     _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
     fused = passes.optimize(g)
     assert all(n.op_type != "Relu" for n in fused.topo())       # the ReLU is the dense kernel's epilogue
+
+
+def test_silu_between_two_one_pixel_convs_stays_on_the_dense_rows():
+    """TorchScript's SiLU is x * sigmoid(x): both read the conv's output, and both move to [N, K]."""
+    rng = np.random.default_rng(7)
+    inits = [_const("w1", rng.standard_normal((8, 32, 1, 1)).astype(np.float32)),
+             _const("w2", rng.standard_normal((32, 8, 1, 1)).astype(np.float32))]
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["m"]),
+             helper.make_node("Conv", ["m", "w1"], ["s1"]), helper.make_node("Sigmoid", ["s1"], ["sg"]),
+             helper.make_node("Mul", ["s1", "sg"], ["silu"]),
+             helper.make_node("Conv", ["silu", "w2"], ["s2"]), helper.make_node("Sigmoid", ["s2"], ["gate"]),
+             helper.make_node("Mul", ["x", "gate"], ["y"])]
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", [1, 32, 5, 5])], [_vi("y", [1, 32, 5, 5])], inits))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    d1, d2 = [n for n in opt.topo() if n.op_type == "Dense"]
+    assert len(opt.tensors[d2.inputs[0]].shape) == 2                 # no reshape between the two
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))

@@ -166,33 +166,78 @@ def _conv_as_dense(graph: Graph, node: Node):
                 node.onnx_name)]
     # the activations after it run on [N, K], before the shape is restored, so that they stay the
     # dense kernel's epilogue (a Reshape in between would leave each a kernel of its own)
-    last = y2
-    for op in _pointwise_chain(graph, out):
+    flat = {out: y2}                   # 4-d tensor -> its [N, K] form
+    chain = _pointwise_chain(graph, out)
+    for t in [out] + [op.outputs[0] for op in chain]:
+        for r in graph.consumers(t):   # dead readers (left by pattern recognition) go now
+            if r not in chain and r not in _live_readers(graph, t):
+                graph.remove_node(r.name)
+    for op in chain:
         graph.remove_node(op.name, drop_outputs=False)
         y = graph.fresh_name(f"{op.name}_flat")
         graph.add_tensor(y, (n, k), graph.tensors[op.outputs[0]].dtype)
-        new.insert(-1, Node(op.name, op.op_type, [last if i == out else i for i in op.inputs], [y], dict(op.attrs),
+        new.insert(-1, Node(op.name, op.op_type, [flat.get(i, i) for i in op.inputs], [y], dict(op.attrs),
                             op.onnx_name))
-        out, last = op.outputs[0], y
-    new[-1].inputs[0], new[-1].outputs[0] = last, out
+        out = op.outputs[0]
+        flat[out] = y
+    new[-1].inputs[0], new[-1].outputs[0] = flat[out], out
     graph.remove_node(node.name, drop_outputs=False)
     for m in new:
         graph.add_node(m, order)
 
 
 def _pointwise_chain(graph: Graph, t: str) -> list:
-    """The elementwise ops reading `t` one after another (each the only reader of the last), whose
-    other operands are single constants: they commute with a reshape."""
+    """The elementwise ops reading `t` one after another (each the only reader of the last, or x *
+    sigmoid(x), as TorchScript writes SiLU), whose other operands are single constants: they
+    commute with a reshape."""
     chain = []
     while True:
-        op = only_consumer(graph, t)
-        if op is None or REGISTRY.get(op.op_type) is None or \
-                REGISTRY[op.op_type].kind not in (Kind.ELEMWISE, Kind.BROADCAST) or len(op.outputs) != 1 or \
-                graph.tensors[op.outputs[0]].shape != graph.tensors[t].shape or \
-                any(i != t and i and (graph.value(i) is None or graph.value(i).size != 1) for i in op.inputs):
+        readers = _live_readers(graph, t)
+        op = readers[0] if len(readers) == 1 else None
+        if op is None:
+            pair = _silu(graph, t)
+            if pair is None:
+                return chain
+            chain += pair
+            t = pair[1].outputs[0]
+            continue
+        if not _pointwise(graph, op, t):
             return chain
         chain.append(op)
         t = op.outputs[0]
+
+
+def _live_readers(graph: Graph, t: str) -> list:
+    """Nodes reading `t` whose results are used (a recognised pattern leaves its old ops to the
+    dead-code pass, which runs later), none if `t` is a graph output."""
+    if t in graph.outputs:
+        return []
+    return [r for r in graph.consumers(t)
+            if any(o in graph.outputs or graph.consumers(o) for o in r.outputs if o)]
+
+
+def _pointwise(graph: Graph, op: Node, t: str, inner: tuple = ()) -> bool:
+    return REGISTRY.get(op.op_type) is not None and \
+        REGISTRY[op.op_type].kind in (Kind.ELEMWISE, Kind.BROADCAST) and len(op.outputs) == 1 and \
+        graph.tensors[op.outputs[0]].shape == graph.tensors[t].shape and \
+        all(i in (t, *inner) or not i or (graph.value(i) is not None and graph.value(i).size == 1)
+            for i in op.inputs)
+
+
+def _silu(graph: Graph, t: str):
+    """[Sigmoid(t), Mul(t, that)] when they are t's only readers, else None."""
+    if t in graph.outputs:
+        return None
+    readers = _live_readers(graph, t)
+    if len(readers) != 2:
+        return None
+    sig = next((r for r in readers if r.op_type == "Sigmoid"), None)
+    mul = next((r for r in readers if r.op_type == "Mul"), None)
+    if sig is None or mul is None or only_consumer(graph, sig.outputs[0]) is not mul or \
+            sorted(mul.inputs) != sorted([t, sig.outputs[0]]) or not _pointwise(graph, sig, t) or \
+            not _pointwise(graph, mul, t, (sig.outputs[0],)):
+        return None
+    return [sig, mul]
 
 
 def to_dense(graph: Graph) -> Graph:
