@@ -166,7 +166,7 @@ def _conv_as_dense(graph: Graph, node: Node):
                 node.onnx_name)]
     # the activations after it run on [N, K], before the shape is restored, so that they stay the
     # dense kernel's epilogue (a Reshape in between would leave each a kernel of its own)
-    flat = {out: y2}                   # 4-d tensor -> its [N, K] form
+    as_rows = {out: y2}                # 4-d tensor -> its [N, K] form
     chain = _pointwise_chain(graph, out)
     for t in [out] + [op.outputs[0] for op in chain]:
         for r in graph.consumers(t):   # dead readers (left by pattern recognition) go now
@@ -176,11 +176,11 @@ def _conv_as_dense(graph: Graph, node: Node):
         graph.remove_node(op.name, drop_outputs=False)
         y = graph.fresh_name(f"{op.name}_flat")
         graph.add_tensor(y, (n, k), graph.tensors[op.outputs[0]].dtype)
-        new.insert(-1, Node(op.name, op.op_type, [flat.get(i, i) for i in op.inputs], [y], dict(op.attrs),
+        new.insert(-1, Node(op.name, op.op_type, [as_rows.get(i, i) for i in op.inputs], [y], dict(op.attrs),
                             op.onnx_name))
         out = op.outputs[0]
-        flat[out] = y
-    new[-1].inputs[0], new[-1].outputs[0] = flat[out], out
+        as_rows[out] = y
+    new[-1].inputs[0], new[-1].outputs[0] = as_rows[out], out
     graph.remove_node(node.name, drop_outputs=False)
     for m in new:
         graph.add_node(m, order)
