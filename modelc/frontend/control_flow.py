@@ -117,7 +117,7 @@ def loop(ctx, node):
         raise ModelcError(f"{node.where()}: its body has {len(body.output)} outputs, fewer than the "
                           f"condition and {n} loop-carried values")
     scans = [[] for _ in range(len(body.output) - 1 - n)]
-    size = sum(1 for _ in _nodes(body))
+    size = sum(1 for _ in all_nodes(body))
     i = 0
     while cond and (trips is None or i < trips):
         ctx.unrolled += size
@@ -155,12 +155,14 @@ def _declared(body: onnx.GraphProto, k: int) -> tuple:
         len(t.tensor_type.shape.dim) == 1 else ()
 
 
-def _nodes(g: onnx.GraphProto):
+def all_nodes(g: onnx.GraphProto):
+    """The graph's nodes and those of the subgraphs they hold (If branches, Loop bodies)."""
     for n in g.node:
         yield n
         for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _nodes(a.g)
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                        list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+                yield from all_nodes(sub)
 
 
 # ---- sequences: lists of tensor names ------------------------------------------------------------

@@ -22,6 +22,7 @@ from ..errors import ModelcError, ModelLoadError, ShapeError, UnsupportedOpError
 from ..ir import Graph, Node, Tensor
 from . import converters as conv
 from . import legacy  # noqa: F401  (registers the opset converters)
+from .control_flow import all_nodes
 from .validate import check_node, check_text, check_types, schema
 
 ONNX_DOMAINS = ("", "ai.onnx")
@@ -265,7 +266,7 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
     graph.opset = opset
     ctx = Context(graph, opset)
     ctx.reserved = {i.name for i in g.input} | {t.name for t in g.initializer} | \
-        {x for n in _all_nodes(g) for x in list(n.input) + list(n.output) if x}
+        {x for n in all_nodes(g) for x in list(n.input) + list(n.output) if x}
 
     init_names = set()
     for init in g.initializer:
@@ -327,7 +328,7 @@ def _initializer(init: onnx.TensorProto) -> np.ndarray:
 def _check_supported(g: onnx.GraphProto, opset: int):
     """Raise one error listing every op type the model uses that modelc cannot import."""
     missing: dict[str, list[str]] = {}
-    for i, n in enumerate(_all_nodes(g)):
+    for i, n in enumerate(all_nodes(g)):
         if n.domain not in ONNX_DOMAINS:
             key = f"{n.domain}.{n.op_type}"
         elif (n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY) and \
@@ -338,16 +339,6 @@ def _check_supported(g: onnx.GraphProto, opset: int):
         missing.setdefault(key, []).append(n.name or f"#{i}")
     if missing:
         raise UnsupportedOpError(missing)
-
-
-def _all_nodes(g: onnx.GraphProto):
-    """The graph's nodes and those of the subgraphs they hold (If branches, Loop bodies)."""
-    for n in g.node:
-        yield n
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
-                        list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
-                yield from _all_nodes(sub)
 
 
 def _bind_inputs(g: onnx.GraphProto, init_names: set, override: dict, default_batch=None) -> dict:

@@ -94,14 +94,20 @@ class PoolNd(Template):
 
     def space(self, wl: Workload) -> ConfigSpace:
         sp = ConfigSpace()
-        define_rows(sp, wl.outputs[0].size)
+        if _by_rows(wl):                  # an item per output row: only whether to use threads
+            sp.define_annotate("parallel", [True, False])
+        else:
+            define_rows(sp, wl.outputs[0].size)
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
         _shape, geo = _geo(wl)
         work = wl.outputs[0].size * math.prod(geo.kernel)
-        return space.from_values(default_rows(wl.outputs[0].size // 64 or 1, work,
-                                              knob_values(space, "rows_per_task")))
+        rows = _by_rows(wl)
+        vals = default_rows(wl.outputs[0].size // 64 or 1, work, [1] if rows else knob_values(space, "rows_per_task"))
+        if rows:
+            del vals["rows_per_task"]
+        return space.from_values(vals)
 
     def build(self, wl: Workload, cfg) -> Kernel:
         if _by_rows(wl):
@@ -141,13 +147,7 @@ class PoolNd(Template):
             inc = bool(int(a.attrs.get("count_include_pad", 0)))
             body += [f"{ind}cnt = 1"]
             for d in range(nd):
-                lo, hi = (-geo.begin[d], sp[d] + geo.end[d]) if inc else (0, sp[d])
-                body += [f"{ind}c = 0",
-                         f"{ind}for k in range({geo.kernel[d]}):",
-                         f"{ind}    i = s{d} + k * {geo.dilations[d]}",
-                         f"{ind}    if i >= {lo} and i < {hi}:",
-                         f"{ind}        c += 1",
-                         f"{ind}cnt *= c"]
+                body += _count_taps(ind, f"s{d}", geo, d, sp[d], inc) + [f"{ind}cnt *= c"]
         # the window: nested loops over the taps inside the input
         off = "xb"
         for d in range(nd):
@@ -192,6 +192,17 @@ class PoolNd(Template):
         return Kernel(source(args, dtypes, body, parallel=cfg["parallel"]), args)
 
 
+def _count_taps(ind: str, start: str, geo, d: int, size: int, include_pad: bool) -> list:
+    """`c` = the window's taps along axis d (first at `start`) inside the input, or inside the padded
+    input (count_include_pad; the ceil-mode overhang is never counted)."""
+    lo, hi = (-geo.begin[d], size + geo.end[d]) if include_pad else (0, size)
+    return [f"{ind}c = 0",
+            f"{ind}for k in range({geo.kernel[d]}):",
+            f"{ind}    i = {start} + k * {geo.dilations[d]}",
+            f"{ind}    if i >= {lo} and i < {hi}:",
+            f"{ind}        c += 1"]
+
+
 def _by_rows(wl: Workload) -> bool:
     """Float MaxPool (values only) and AveragePool: a row of outputs per item, each tap of the
     window's last axis a run of loads along the input row (S3D's 3x3x3 max pools on plain 3-d maps
@@ -229,13 +240,8 @@ def _row_kernel(wl: Workload, cfg) -> Kernel:
     if not mx:                              # taps counted per leading axis, then along the row
         body += [f"{ind}cnt = 1"]
         for d in range(nd - 1):
-            lo, hi = (-geo.begin[d], sp[d] + geo.end[d]) if inc else (0, sp[d])
-            body += [f"{ind}c = 0",
-                     f"{ind}for k in range({geo.kernel[d]}):",
-                     f"{ind}    i = o{d} * {geo.strides[d]} - {geo.begin[d]} + k * {geo.dilations[d]}",
-                     f"{ind}    if i >= {lo} and i < {hi}:",
-                     f"{ind}        c += 1",
-                     f"{ind}cnt *= c"]
+            body += _count_taps(ind, f"o{d} * {geo.strides[d]} - {geo.begin[d]}", geo, d, sp[d], inc) + \
+                [f"{ind}cnt *= c"]
     off = "xb"
     for d in range(nd - 1):
         body += [f"{ind}for k{d} in range({geo.kernel[d]}):",
@@ -263,12 +269,7 @@ def _row_kernel(wl: Workload, cfg) -> Kernel:
     if mx:
         val = "acc[np.uintp(ow)]"
     else:
-        lo_w, hi_w = (-b, W + geo.end[-1]) if inc else (0, W)
-        body += [f"{ind}    c = 0",
-                 f"{ind}    for k in range({geo.kernel[-1]}):",
-                 f"{ind}        i = ow * {s} - {b} + k * {dl}",
-                 f"{ind}        if i >= {lo_w} and i < {hi_w}:",
-                 f"{ind}            c += 1"]
+        body += _count_taps(ind + "    ", f"ow * {s} - {b}", geo, nd - 1, W, inc)
         val = f"{ctor(dt)}(acc[np.uintp(ow)] / np.float64(cnt * c))"
     body += store(wl, ind + "    ", val, "o")
     args = ["out0", X] + [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]

@@ -169,8 +169,9 @@ def _conv_as_dense(graph: Graph, node: Node):
     as_rows = {out: y2}                # 4-d tensor -> its [N, K] form
     chain = _pointwise_chain(graph, out)
     for t in [out] + [op.outputs[0] for op in chain]:
+        live = _live_readers(graph, t)
         for r in graph.consumers(t):   # dead readers (left by pattern recognition) go now
-            if r not in chain and r not in _live_readers(graph, t):
+            if r not in live:
                 graph.remove_node(r.name)
     for op in chain:
         graph.remove_node(op.name, drop_outputs=False)
