@@ -123,3 +123,19 @@ def test_a_sequence_cannot_be_a_model_output():
     m.graph.output[0].CopyFrom(helper.make_tensor_sequence_value_info("y", TensorProto.FLOAT, None))
     with pytest.raises(ModelcError, match="sequence"):
         modelc.compile(m)
+
+
+def test_a_loop_that_never_ends_is_refused():
+    """No trip count and a condition that stays true, in a body of no nodes: a crafted model must end
+    in an error naming the loop, not an endless import."""
+    body = helper.make_graph(
+        [], "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                     helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                     helper.make_tensor_value_info("v", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT, None)])
+    m = _model([helper.make_node("Loop", ["", "true", "x"], ["y"], body=body, name="endless")],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])], ["y"],
+               [numpy_helper.from_array(np.array(True), "true")])
+    with pytest.raises(ModelcError, match="endless.*would exceed"):
+        modelc.from_onnx(m)

@@ -20,7 +20,7 @@ import onnx
 from ..errors import DynamicError, ModelcError
 from .converters import converter
 
-MAX_UNROLLED_NODES = 200_000      # nodes written out by Loops: beyond it, a loop is not "static"
+MAX_UNROLLED_NODES = 50_000       # nodes written out by Loops: beyond it, a loop is not "static"
 
 
 def _known(ctx, node, name: str, what: str):
@@ -120,12 +120,12 @@ def loop(ctx, node):
     size = sum(1 for _ in all_nodes(body))
     i = 0
     while cond and (trips is None or i < trips):
-        ctx.unrolled += size
+        ctx.unrolled += size + 1        # (the iteration itself: a body of no nodes must end too)
         if ctx.unrolled > MAX_UNROLLED_NODES:
             raise ModelcError(f"{node.where()}: written out, its loops would exceed {MAX_UNROLLED_NODES} nodes "
                               f"(iteration {i}); modelc compiles static graphs")
-        it = ctx.const(np.array(i, np.int64).reshape(_declared(body, 0)), f"{node.name}_iter")
-        c = ctx.const(np.array(True).reshape(_declared(body, 1)), f"{node.name}_cond")
+        it = ctx.const(np.array(i, np.int64).reshape(_declared(body, 0)), f"{node.name}_iter{i}")
+        c = ctx.const(np.array(True).reshape(_declared(body, 1)), f"{node.name}_cond{i}")
         bound = {body.input[0].name: it, body.input[1].name: c} if len(body.input) >= 2 else {}
         bound.update({b.name: v for b, v in zip(body.input[2:], carried)})
         outs = inline(ctx, node, body, bound, f"#{node.name}.{i}")
