@@ -17,7 +17,7 @@ import onnx
 
 from . import ops, reference
 from .errors import DynamicError, ModelcError, UnsupportedOpError
-from .frontend import converters, onnx_import
+from .frontend import converters, functions, onnx_import
 
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 PASSED_FALLBACK = "passed (fallback)"   # through compile, part of the graph on the numpy fallback
@@ -44,10 +44,12 @@ def collect_cases():
 
 def _unsupported_ops(model: onnx.ModelProto) -> list[str]:
     out = []
+    opset = onnx_import.model_opset(model)
     for n in model.graph.node:
         if n.domain not in onnx_import.ONNX_DOMAINS:
             out.append(f"{n.domain}.{n.op_type}")
-        elif n.op_type not in ops.REGISTRY and n.op_type not in converters.CONVERTED_AWAY:
+        elif n.op_type not in ops.REGISTRY and n.op_type not in converters.CONVERTED_AWAY and \
+                not functions.expands(n.op_type, n.domain, opset):
             out.append(n.op_type)
     return sorted(set(out))
 

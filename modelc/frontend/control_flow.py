@@ -38,7 +38,7 @@ def _scalar(ctx, node, name: str, what: str):
     return v.reshape(-1)[0]
 
 
-def _alias(ctx, src: str, dst: str):
+def alias_output(ctx, src: str, dst: str):
     if not dst:
         return
     if src in ctx.sequences:
@@ -100,7 +100,7 @@ def if_(ctx, node):
     if len(outs) != len(node.outputs):
         raise ModelcError(f"{node.where()}: its taken branch has {len(outs)} outputs, the node {len(node.outputs)}")
     for src, dst in zip(outs, node.outputs):
-        _alias(ctx, src, dst)
+        alias_output(ctx, src, dst)
 
 
 @converter("Loop", since=1, away=True)
@@ -135,7 +135,7 @@ def loop(ctx, node):
             s.append(o)
         i += 1
     for src, dst in zip(carried, node.outputs[:n]):
-        _alias(ctx, src, dst)
+        alias_output(ctx, src, dst)
     axes = ctx.const(np.array([0], np.int64), f"{node.name}_axes")
     for parts, dst in zip(scans, node.outputs[n:]):
         if not dst:

@@ -21,6 +21,7 @@ from .. import ops
 from ..errors import ModelcError, ModelLoadError, ShapeError, UnsupportedOpError
 from ..ir import Graph, Node, Tensor
 from . import converters as conv
+from . import functions
 from . import legacy  # noqa: F401  (registers the opset converters)
 from .control_flow import all_nodes
 from .validate import check_node, check_text, check_types, schema
@@ -154,7 +155,10 @@ class Context:
         check_types(n, index, self.opset, [graph.tensors[t].dtype if t in graph.tensors else None
                                            for t in node.inputs])
         outer, self.current = self.current, node
-        conv.lookup(n.op_type, self.opset)(self, node)
+        if functions.expands(n.op_type, n.domain, self.opset):
+            functions.expand(self, n, node)
+        else:
+            conv.lookup(n.op_type, self.opset)(self, node)
         self.current = outer
         for out in node.outputs:
             if out and out not in self.sequences and (out not in graph.tensors or graph.tensors[out].shape is None):
@@ -334,6 +338,8 @@ def _check_supported(g: onnx.GraphProto, opset: int):
         elif (n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY) and \
                 schema(n.op_type, n.domain, opset) is not None:
             continue      # (internal ops such as Dense are modelc's, not ONNX's)
+        elif functions.expands(n.op_type, n.domain, opset):
+            continue      # imported as the body of ops ONNX defines for it
         else:
             key = n.op_type
         missing.setdefault(key, []).append(n.name or f"#{i}")
