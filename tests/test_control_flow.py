@@ -139,3 +139,37 @@ def test_a_loop_that_never_ends_is_refused():
                [numpy_helper.from_array(np.array(True), "true")])
     with pytest.raises(ModelcError, match="endless.*would exceed"):
         modelc.from_onnx(m)
+
+
+def test_scan_over_a_static_length_is_written_out():
+    """A Scan carrying a running sum over axis 1 of one input, read backwards, and over axis 0
+    of another; its scan outputs stacked along axes 0 and 1 (one of them reversed)."""
+    f = TensorProto.FLOAT
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "a"], ["s_out"]),
+         helper.make_node("Mul", ["s_out", "b"], ["y1"]),
+         helper.make_node("Relu", ["a"], ["y2"])], "body",
+        [helper.make_tensor_value_info("s_in", f, [3]), helper.make_tensor_value_info("a", f, [3]),
+         helper.make_tensor_value_info("b", f, [3])],
+        [helper.make_tensor_value_info(x, f, [3]) for x in ("s_out", "y1", "y2")])
+    node = helper.make_node("Scan", ["s0", "xa", "xb"], ["s", "ys1", "ys2"], body=body, num_scan_inputs=2,
+                            scan_input_axes=[1, 0], scan_input_directions=[1, 0],
+                            scan_output_axes=[0, -1], scan_output_directions=[0, 1])
+    m = _model([node], [helper.make_tensor_value_info("s0", f, [3]), helper.make_tensor_value_info("xa", f, [3, 5]),
+                        helper.make_tensor_value_info("xb", f, [5, 3])], ["s", "ys1", "ys2"], opset=16)
+    feeds = {"s0": RNG.standard_normal(3).astype(np.float32), "xa": RNG.standard_normal((3, 5)).astype(np.float32),
+             "xb": RNG.standard_normal((5, 3)).astype(np.float32)}
+    _check(m, feeds)
+    assert "Scan" not in modelc.from_onnx(m).op_counts()
+
+
+def test_scan_inputs_of_different_lengths_are_refused():
+    f = TensorProto.FLOAT
+    body = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "body",
+                             [helper.make_tensor_value_info(x, f, [2]) for x in "ab"],
+                             [helper.make_tensor_value_info("y", f, [2])])
+    node = helper.make_node("Scan", ["xa", "xb"], ["ys"], body=body, num_scan_inputs=2, name="scan")
+    m = _model([node], [helper.make_tensor_value_info("xa", f, [4, 2]),
+                        helper.make_tensor_value_info("xb", f, [3, 2])], ["ys"], opset=16)
+    with pytest.raises(ModelcError, match="scan.*different lengths"):
+        modelc.from_onnx(m)

@@ -1,4 +1,4 @@
-"""If, Loop and sequences, resolved at import: modelc compiles static graphs.
+"""If, Loop, Scan and sequences, resolved at import: modelc compiles static graphs.
 
 TorchScript exports keep Python's control flow as If and Loop nodes even where nothing in it
 depends on the data: an If on a rank or a shape (torchvision's MViT: `if x.ndim == 4`), a Loop
@@ -6,7 +6,9 @@ over a fixed range filling a sequence that is read back element by element (MViT
 each attention head). Where the condition and the trip count are known at import (constants, or
 computed from shapes), an If becomes its taken branch and a Loop its body written out once per
 iteration, as TVM's and onnxruntime's graph optimisers do with constant control flow; the
-sequences they build are lists of tensor names here and never reach the graph. A condition, trip
+sequences they build are lists of tensor names here and never reach the graph. A Scan (an RNN
+cell written as a body, or ONNX's LinearAttention) runs over inputs whose length is a shape, so
+it is written out once per element too. A condition, trip
 count or sequence position that depends on the model's inputs is refused, naming the node.
 
 The nodes of a branch or body are imported exactly as the graph's own (checked against their
@@ -143,6 +145,65 @@ def loop(ctx, node):
         if not parts:
             raise ModelcError(f"{node.where()} runs no iteration, so its scan output {dst!r} has no shape")
         ctx.emit("Concat", [ctx.emit("Unsqueeze", [p, axes])[0] for p in parts], [dst], {"axis": 0})
+
+
+@converter("Scan", since=9, away=True)
+def scan(ctx, node):
+    """A Scan over inputs of known length: its body written out once per element, as a Loop's is;
+    the elements are Gathers along each scan axis, the scan outputs stacked back along theirs."""
+    body, m = node.attrs["body"], int(node.attrs.get("num_scan_inputs", 0))
+    n = len(node.inputs) - m
+    if m < 1 or n < 0 or len(body.input) != n + m or len(body.output) < n:
+        raise ModelcError(f"{node.where()}: {len(node.inputs)} inputs with num_scan_inputs={m} do not match its "
+                          f"body's {len(body.input)} inputs and {len(body.output)} outputs")
+    k = len(body.output) - n
+    in_axes, in_dirs = _per(node, "scan_input_axes", m), _per(node, "scan_input_directions", m)
+    out_axes, out_dirs = _per(node, "scan_output_axes", k), _per(node, "scan_output_directions", k)
+    xs = node.inputs[n:]
+    in_axes = [_axis(node, a, ctx.rank(x), x) for a, x in zip(in_axes, xs)]
+    lengths = {ctx.shape(x)[a] for x, a in zip(xs, in_axes)}
+    if len(lengths) != 1:
+        raise ModelcError(f"{node.where()}: its scan inputs have different lengths {sorted(lengths)}")
+    length = lengths.pop()
+    size = sum(1 for _ in all_nodes(body))
+    states, outs = list(node.inputs[:n]), [[] for _ in range(k)]
+    for t in range(length):
+        ctx.unrolled += size + 1
+        if ctx.unrolled > MAX_UNROLLED_NODES:
+            raise ModelcError(f"{node.where()}: written out, its loops would exceed {MAX_UNROLLED_NODES} nodes "
+                              f"(element {t} of {length}); modelc compiles static graphs")
+        bound = {b.name: v for b, v in zip(body.input, states)}
+        for b, x, a, d in zip(body.input[n:], xs, in_axes, in_dirs):
+            at = ctx.const(np.array(length - 1 - t if d else t, np.int64), f"{node.name}_at{t}")
+            bound[b.name] = ctx.emit("Gather", [x, at], attrs={"axis": a})[0]
+        res = inline(ctx, node, body, bound, f"#{node.name}.{t}")
+        states = res[:n]
+        for parts, o in zip(outs, res[n:]):
+            parts.append(o)
+    for src, dst in zip(states, node.outputs[:n]):
+        alias_output(ctx, src, dst)
+    for parts, a, d, dst in zip(outs, out_axes, out_dirs, node.outputs[n:]):
+        if not dst:
+            continue
+        if not parts:
+            raise ModelcError(f"{node.where()} scans no element, so its scan output {dst!r} has no shape")
+        a = _axis(node, a, ctx.rank(parts[0]) + 1, dst)
+        axes = ctx.const(np.array([a], np.int64), f"{node.name}_axes")
+        ctx.emit("Concat", [ctx.emit("Unsqueeze", [p, axes])[0] for p in (parts[::-1] if d else parts)],
+                 [dst], {"axis": a})
+
+
+def _per(node, attr: str, count: int) -> list:
+    v = [int(x) for x in node.attrs.get(attr, [0] * count)]
+    if len(v) != count:
+        raise ModelcError(f"{node.where()}: {attr} has {len(v)} values for {count} tensors")
+    return v
+
+
+def _axis(node, a: int, rank: int, name: str) -> int:
+    if not -rank <= a < rank:
+        raise ModelcError(f"{node.where()}: axis {a} is out of range for {name!r} of rank {rank}")
+    return a + rank if a < 0 else a
 
 
 def _declared(body: onnx.GraphProto, k: int) -> tuple:

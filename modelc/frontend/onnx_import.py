@@ -192,7 +192,8 @@ class Context:
         """Add a canonical node; returns its output tensor names (fresh ones unless given)."""
         base = self.current.name if self.current is not None else op_type
         if outputs is None:
-            outputs = [self.graph.fresh_name(f"{base}_{op_type.lower()}") for _ in range(n_outputs)]
+            outputs = [self.graph.fresh_name(f"{base}_{op_type.lower()}{k if n_outputs > 1 else ''}")
+                       for k in range(n_outputs)]
         node = Node(self.graph.fresh_name(base), op_type, list(inputs), list(outputs),
                     dict(attrs or {}), onnx_name=self.current.onnx_name if self.current else "")
         self._add(node)

@@ -1,0 +1,107 @@
+"""RNN, GRU and LSTM written out over their sequence (frontend/recurrent.py), compiled, against
+onnxruntime's own kernels: every direction, layout, optional input and gate option."""
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import modelc
+from modelc.errors import ModelcError
+
+pytestmark = pytest.mark.filterwarnings("ignore:onnx.checker rejects")
+RNG = np.random.default_rng(0)
+F = TensorProto.FLOAT
+S, B, IN, H = 5, 3, 4, 6
+
+
+def _model(op, attrs, consts, data, outputs, opset=14):
+    """`consts` become initializers (weights), `data` graph inputs; '' leaves an input out."""
+    names = ["X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P"]
+    given = {**consts, **data}
+    last = max(i for i, n in enumerate(names) if n in given)
+    ins = [n if n in given else "" for n in names[:last + 1]]
+    node = helper.make_node(op, ins, outputs, **attrs)
+    inputs = [helper.make_tensor_value_info(k, TensorProto.INT32 if v.dtype == np.int32 else F, list(v.shape))
+              for k, v in data.items()]
+    outs = [helper.make_tensor_value_info(o, F, None) for o in outputs if o]
+    g = helper.make_graph([node], "g", inputs, outs, [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _check(m, feeds):
+    """Against onnxruntime; batch-first layouts (which it refuses) against ONNX's reference."""
+    mod = modelc.compile(m)
+    assert not mod.fallbacks, mod.fallbacks
+    got = mod.run(feeds)
+    if any(a.name == "layout" and a.i for a in m.graph.node[0].attribute):
+        want = ReferenceEvaluator(m).run(None, feeds)
+    else:
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for o, w in zip(m.graph.output, want):
+        scale = float(np.abs(w).max()) or 1.0
+        np.testing.assert_allclose(got[o.name], w, rtol=0, atol=2e-6 * scale + 1e-7, err_msg=o.name)
+    assert not {"LSTM", "GRU", "RNN"} & set(modelc.from_onnx(m).op_counts())
+
+
+def _w(*shape):
+    return (RNG.standard_normal(shape) * 0.5).astype(np.float32)
+
+
+def _x(layout=0):
+    return _w(B, S, IN) if layout else _w(S, B, IN)
+
+
+@pytest.mark.parametrize("direction,layout", [("forward", 0), ("reverse", 0), ("bidirectional", 1)])
+def test_lstm_with_peepholes_initial_states_and_every_output(direction, layout):
+    d = 2 if direction == "bidirectional" else 1
+    hs = (B, d, H) if layout else (d, B, H)
+    consts = {"W": _w(d, 4 * H, IN), "R": _w(d, 4 * H, H), "B": _w(d, 8 * H), "P": _w(d, 3 * H)}
+    data = {"X": _x(layout), "initial_h": _w(*hs), "initial_c": _w(*hs)}
+    m = _model("LSTM", {"hidden_size": H, "direction": direction, "layout": layout}, consts, data,
+               ["Y", "Y_h", "Y_c"])
+    _check(m, data)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_sequence_lengths_given_as_data_mask_each_entry(direction):
+    """Lengths 5, 2 and 0 of 5 steps: states stop at each entry's end, outputs past it are zeros,
+    and the reverse direction starts from each entry's own last step."""
+    d = 2 if direction == "bidirectional" else 1
+    for op, g in (("LSTM", 4), ("GRU", 3), ("RNN", 1)):
+        consts = {"W": _w(d, g * H, IN), "R": _w(d, g * H, H), "B": _w(d, 2 * g * H)}
+        data = {"X": _x(), "sequence_lens": np.array([5, 2, 0], np.int32), "initial_h": _w(d, B, H)}
+        m = _model(op, {"hidden_size": H, "direction": direction}, consts, data, ["Y", "Y_h"])
+        _check(m, data)
+
+
+@pytest.mark.parametrize("lbr", [0, 1])
+def test_gru_reset_before_or_after_the_product(lbr):
+    consts = {"W": _w(1, 3 * H, IN), "R": _w(1, 3 * H, H), "B": _w(1, 6 * H)}
+    data = {"X": _x()}
+    m = _model("GRU", {"hidden_size": H, "linear_before_reset": lbr}, consts, data, ["Y", "Y_h"])
+    _check(m, data)
+
+
+def test_activations_with_parameters_clip_and_coupled_gates():
+    """LeakyRelu and HardSigmoid take activation_alpha/beta in the order they are listed; clip bounds
+    every gate's input; input_forget couples the forget gate to the input gate."""
+    consts = {"W": _w(1, 4 * H, IN) * 4, "R": _w(1, 4 * H, H) * 4}
+    data = {"X": _x()}
+    m = _model("LSTM", {"hidden_size": H, "clip": 1.5, "input_forget": 1,
+                        "activations": ["HardSigmoid", "LeakyRelu", "Tanh"],
+                        "activation_alpha": [0.3, 0.2], "activation_beta": [0.4]}, consts, data, ["Y", "Y_h"])
+    _check(m, data)
+    m = _model("RNN", {"hidden_size": H, "activations": ["Relu"]}, {"W": _w(1, H, IN), "R": _w(1, H, H)},
+               data, ["", "Y_h"])
+    _check(m, data)
+
+
+def test_a_recurrent_layer_with_weights_of_the_wrong_shape_is_named():
+    consts = {"W": _w(1, 4 * H, IN + 1), "R": _w(1, 4 * H, H)}
+    m = _model("LSTM", {"hidden_size": H}, consts, {"X": _x()}, ["Y"])
+    m.graph.node[0].name = "encoder_lstm"
+    with pytest.raises(ModelcError, match="encoder_lstm.*W 'W' has shape"):
+        modelc.from_onnx(m)
