@@ -340,3 +340,57 @@ def test_silu_between_two_one_pixel_convs_stays_on_the_dense_rows():
     assert len(opt.tensors[d2.inputs[0]].shape) == 2                 # no reshape between the two
     feeds = _feeds(g)
     _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+
+
+def _fused(nodes, inputs, outputs, inits=()):
+    g = modelc.from_onnx(onnx_model(nodes, inputs, outputs, list(inits), opset=17))
+    opt = passes.optimize(g, verify=True)
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+    return g, [n for n in opt.topo()]
+
+
+def test_an_elementwise_diamond_closes_into_one_group():
+    """A value read twice ends a single-consumer chain; the chains meet again, so (as TVM's
+    dominator-based fusion does) the whole diamond is one kernel: a GRU-style gate mix."""
+    nodes = [helper.make_node("Sigmoid", ["x"], ["z"]),
+             helper.make_node("Tanh", ["y"], ["n"]),
+             helper.make_node("Sub", ["one", "z"], ["zc"]),
+             helper.make_node("Mul", ["zc", "n"], ["a"]),
+             helper.make_node("Mul", ["z", "h"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["out"])]
+    g, fused = _fused(nodes, [_vi("x", [2, 16]), _vi("y", [2, 16]), _vi("h", [2, 16])], [_vi("out", [2, 16])],
+                      [_const("one", np.float32(1))])
+    assert len(fused) == 1 and fused[0].outputs == ["out"]
+
+
+def test_a_value_also_read_elsewhere_stays_an_output_of_the_merged_group():
+    """An LSTM cell: the new cell state is both the next step's input (a graph output here) and
+    read by the hidden state's ops; one group computes both, storing both from one loop."""
+    nodes = [helper.make_node("Sigmoid", ["f"], ["fs"]),
+             helper.make_node("Mul", ["fs", "c"], ["kept"]),
+             helper.make_node("Tanh", ["g"], ["gt"]),
+             helper.make_node("Add", ["kept", "gt"], ["c_new"]),
+             helper.make_node("Tanh", ["c_new"], ["ct"]),
+             helper.make_node("Sigmoid", ["o"], ["os"]),
+             helper.make_node("Mul", ["os", "ct"], ["h_new"])]
+    g, fused = _fused(nodes, [_vi(n, [1, 32]) for n in ("f", "c", "g", "o")],
+                      [_vi("c_new", [1, 32]), _vi("h_new", [1, 32])])
+    assert len(fused) == 1 and sorted(fused[0].outputs) == ["c_new", "h_new"]
+    mod = modelc.compile(g)
+    assert not mod.fallbacks
+    feeds = _feeds(g)
+    _assert_close(mod.run(feeds), reference.run(g, feeds))
+
+
+def test_a_value_read_broadcast_or_of_another_shape_is_not_merged():
+    """A [1, 16] gate broadcast over [8, 16] would be recomputed for every row, so it does not join
+    that reader; it may join its reader of its own shape (the Relu), storing both from one loop."""
+    nodes = [helper.make_node("Sigmoid", ["s"], ["gate"]),
+             helper.make_node("Tanh", ["gate"], ["t"]),
+             helper.make_node("Mul", ["x", "t"], ["out"]),
+             helper.make_node("Relu", ["gate"], ["r"])]
+    g, fused = _fused(nodes, [_vi("s", [1, 16]), _vi("x", [8, 16])], [_vi("out", [8, 16]), _vi("r", [1, 16])])
+    by_output = {o: n for n in fused for o in n.outputs}
+    assert "Sigmoid" not in by_output["out"].subgraph.op_counts()
+    assert sorted(by_output["r"].outputs) == ["gate", "r"]

@@ -253,7 +253,8 @@ def _direction(ctx, node, cell, d, reverse, x, w, r, b, lens, h0, c0, p, hidden)
     if lens:       # an entry of no steps ends in zero states, as onnxruntime's do (not its initial ones)
         some = cell.op("Unsqueeze", cell.op("Less", i64(0), cell.op("Cast", lens, to=7)), i64([1]))
         h, c = cell.op("Where", some, h, zeros), cell.op("Where", some, c, zeros)
-    y = cell.op("Concat", *[cell.op("Unsqueeze", ys[t], i64([0])) for t in range(steps)], axis=0)   # [S, B, H]
+    # [S*B, H] then [S, B, H]: each step's state is a contiguous part, which the concat can hold in place
+    y = cell.op("Reshape", cell.op("Concat", *[ys[t] for t in range(steps)], axis=0), i64([steps, batch, hidden]))
     if lens and reverse:
         y = _reverse_each(cell, y, lens, steps, batch)
     return y, h, c

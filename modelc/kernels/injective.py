@@ -68,8 +68,14 @@ class Injective(Template):
     def build(self, wl: Workload, cfg) -> Kernel:
         gen = IndexMap(wl)
         body = []
-        for k, (out, ref) in enumerate(zip(wl.outputs, wl.output_values)):
-            body += self._loop(gen, k, out, ref)
+        pending = list(enumerate(zip(wl.outputs, wl.output_values)))
+        while pending:
+            k, (out, ref) = pending.pop(0)
+            # outputs of one shape and layout (a recurrent cell's state and output) share one loop,
+            # so the values they have in common are computed once per element
+            twins = [(j, r) for j, (o, r) in pending if o.shape == out.shape and o.layout == out.layout]
+            pending = [p for p in pending if p[0] not in {j for j, _ in twins}]
+            body += self._loop(gen, k, out, ref, twins)
         ins = sorted({int(r[1:]) for op in wl.ops for r in op.args if r.startswith("i")})
         params = {p: np.ascontiguousarray(wl.params[p]).reshape(-1) for p in gen.params_used}
         params.update(gen.tables)
@@ -78,10 +84,10 @@ class Injective(Template):
             [params[p].dtype for p in sorted(params)]
         return Kernel(source(args, dtypes, body or ["pass"]), args, lambda consts: dict(params))
 
-    def _loop(self, gen: IndexMap, k: int, out, ref: str) -> list:
+    def _loop(self, gen: IndexMap, k: int, out, ref: str, twins=()) -> list:
         shape = out.shape
         inner = None
-        parts = _channel_parts(gen.wl, ref, out)
+        parts = _channel_parts(gen.wl, ref, out) if not twins else None
         if parts is not None:
             # a channel concat of whole blocks: a loop per part, each reading its own input, no
             # branch on the channel per element (DenseNet-161's concat + BN + ReLU of 45 parts
@@ -102,7 +108,7 @@ class Injective(Template):
             dims = [n, c // b, h, w, b]
             names = ["a0", "a1", "a2", "a3", "a4"]
             logical = ["a0", ("a1", "a4", b), "a2", "a3"]
-            if b >= 8 and _from_plain_rows(gen.wl, h, w):
+            if b >= 8 and not twins and _from_plain_rows(gen.wl, h, w):
                 # from plain rows (a layout transform, ShuffleNet's channel shuffle into blocks): a
                 # row of all lanes per item, lane by lane, so that reads run along the input's rows
                 # and the channel arithmetic is once per lane, not per element (its 112 x 56 x 56
@@ -113,10 +119,10 @@ class Injective(Template):
             names = [f"a{j}" for j in range(len(dims))]
             logical = names[:len(shape)]
         inner = inner or _inner_dims(dims, target.current().threads)
-        return self._nest(gen, k, out, ref, dims, names, logical, inner)
+        return self._nest(gen, k, out, ref, dims, names, logical, inner, twins)
 
     @staticmethod
-    def _nest(gen: IndexMap, k: int, out, ref: str, dims, names, logical, inner) -> list:
+    def _nest(gen: IndexMap, k: int, out, ref: str, dims, names, logical, inner, twins=()) -> list:
         shape = out.shape
         outer = dims[:-inner]
         total = math.prod(outer) if outer else 1
@@ -133,11 +139,11 @@ class Injective(Template):
         for j in range(len(dims) - inner, len(dims)):
             lines.append(f"{ind}for {names[j]} in range({dims[j]}):")
             ind += "    "
-        stmts = []
-        v = gen.value(ref, logical if shape else [], stmts, ind, {})
-        lines += stmts
-        lines.append(f"{ind}out{k}[np.uintp({offset(shape, out.layout, logical if shape else [])})] = {v}")
-        return lines
+        stmts, memo = [], {}
+        at = f"np.uintp({offset(shape, out.layout, logical if shape else [])})"
+        stores = [f"{ind}out{j}[{at}] = {gen.value(r, logical if shape else [], stmts, ind, memo)}"
+                  for j, r in [(k, ref), *twins]]
+        return lines + stmts + stores
 
 
 def _channel_parts(wl: Workload, ref: str, out):

@@ -8,12 +8,18 @@ Rules, applied along single-consumer chains in topological order:
   before it (TVM lets an injective
   chain end in a reduction; our reduction templates read their input directly, and such a group
   would otherwise run on the numpy fallback);
-- opaque ops stand alone.
+- opaque ops stand alone;
+- then, as TVM's dominator-based fusion does, an elementwise "diamond" closes: an injective group
+  whose outputs are all read by one other injective group (a value used twice, as a recurrent
+  cell's gates are, ends a single-consumer chain) joins that group, unless it would be read
+  broadcast (recomputed per element) or a path between the two leaves and re-enters.
 A Fused node holds its subgraph, so the reference executor can still run it. Weights and other
 tensors become the node's inputs; shape parameters and scalar constants stay inside the subgraph,
 because kernels are generated for them and they are part of the workload.
 """
 from __future__ import annotations
+
+import networkx as nx
 
 from .. import ops
 from ..ir import Graph, Node
@@ -70,6 +76,72 @@ def _chain_allow(graph: Graph, shape):
                 graph.tensors[node.outputs[0]].shape == shape
         return k <= Kind.INJECTIVE
     return allow
+
+
+# data movement the injective template generates for any shape (not Pad, Resize, GatherElements ...)
+MERGE_MOVES = {"Reshape", "Transpose", "Slice", "Gather", "Expand", "Squeeze", "Unsqueeze", "Flatten",
+               "Concat", "Split", "Identity"}
+MAX_MERGED = 48          # ops in one merged group: beyond it a kernel's compile time grows for little
+
+
+def _injective_only(group: list) -> bool:
+    return all(_kind(n) <= Kind.INJECTIVE and (n.op_type in EPILOGUE_OPS or n.op_type in MERGE_MOVES)
+               for n in group)
+
+
+def _close_diamonds(graph: Graph, groups: list) -> list:
+    """Merge each injective group into an injective group that reads its outputs. Outputs also read
+    elsewhere stay outputs of the merged group, so they must have its loop's shape (the kernel
+    stores them from the same loop, injective.py)."""
+    owner = {n.name: k for k, g in enumerate(groups) for n in g}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(groups)))
+    for k, g in enumerate(groups):
+        for n in g:
+            for t in n.inputs:
+                src = graph.producer(t) if t else None
+                if src is not None and owner[src.name] != k:
+                    dag.add_edge(owner[src.name], k)
+    pos = {n.name: i for i, n in enumerate(graph.topo())}
+    changed = True
+    while changed:
+        changed = False
+        for a in sorted(dag.nodes, reverse=True):
+            if a not in dag or not _injective_only(groups[a]):
+                continue
+            b = next((b for b in sorted(dag.successors(a)) if _joins(graph, dag, groups, a, b)), None)
+            if b is None:
+                continue
+            groups[b] = sorted(groups[a] + groups[b], key=lambda n: pos[n.name])
+            for p in dag.predecessors(a):
+                if p != b:
+                    dag.add_edge(p, b)
+            for c in dag.successors(a):
+                if c != b:
+                    dag.add_edge(b, c)
+            dag.remove_node(a)
+            changed = True
+    return [groups[k] for k in sorted(dag.nodes, key=lambda k: pos[groups[k][0].name])]
+
+
+def _joins(graph: Graph, dag, groups: list, a: int, b: int) -> bool:
+    """Whether injective group a can join its reader b: one loop computes both, without reading a's
+    values broadcast (recomputed per element) and without a path from b back to a through others."""
+    if not _injective_only(groups[b]) or len(groups[a]) + len(groups[b]) > MAX_MERGED:
+        return False
+    inside = {n.name for n in groups[a]} | {n.name for n in groups[b]}
+    loop = {graph.tensors[o].shape for n in groups[b] for o in n.outputs if o}
+    size = max(graph.tensors[o].size for n in groups[b] for o in n.outputs if o)
+    for n in groups[a]:
+        for o in (o for o in n.outputs if o):
+            readers = graph.consumers(o)
+            if o in graph.outputs or any(c.name not in inside for c in readers):
+                if loop != {graph.tensors[o].shape}:
+                    return False        # a's output stays one: it must fit b's loop
+            elif readers and graph.tensors[o].size < size:
+                return False            # read broadcast: merged, it would be recomputed
+    return not any(p != b and nx.has_path(dag, b, p) for p in dag.predecessors(a)) and \
+        not any(c != b and nx.has_path(dag, c, b) for c in dag.successors(a))
 
 
 def _is_param(graph: Graph, node: Node, index: int, name: str) -> bool:
@@ -153,7 +225,7 @@ def fuse(graph: Graph) -> Graph:
             group = [node]
         done.update(n.name for n in group)
         groups.append(group)
-    for index, group in enumerate(groups):
+    for index, group in enumerate(_close_diamonds(graph, groups)):
         order = graph.nx.nodes[group[0].name]["order"]
         fused = _make_fused(graph, group, index)
         for n in group:
