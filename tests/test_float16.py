@@ -171,3 +171,25 @@ def test_float16_attention_softmax_and_reflect_pad_run_kernels():
         assert got.dtype == np.float16 and got.shape == want.shape
         err = np.abs(got.astype(np.float32) - want.astype(np.float32)).max() / np.abs(want.astype(np.float32)).max()
         assert err < 4e-3, err
+
+
+def test_float16_gru_steps_run_te_kernels():
+    """A float16 GRU written out over its steps (frontend/recurrent.py): each step's Gather of the
+    input projection at one time position lowers to te, so no group runs on the reference."""
+    rng = np.random.default_rng(1)
+    f16 = TensorProto.FLOAT16
+    w = numpy_helper.from_array((rng.standard_normal((1, 24, 5)) * 0.4).astype(np.float16), "W")
+    r = numpy_helper.from_array((rng.standard_normal((1, 24, 8)) * 0.4).astype(np.float16), "R")
+    node = helper.make_node("GRU", ["x", "W", "R"], ["y", "h"], hidden_size=8)
+    g = helper.make_graph([node], "gru16", [helper.make_tensor_value_info("x", f16, [4, 2, 5])],
+                          [helper.make_tensor_value_info("y", f16, [4, 1, 2, 8]),
+                           helper.make_tensor_value_info("h", f16, [1, 2, 8])], [w, r])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)])
+    m.ir_version = 8
+    x = rng.standard_normal((4, 2, 5)).astype(np.float16)
+    mod = modelc.compile(m)
+    assert not mod.fallbacks, mod.fallback_reasons
+    got = mod.run({"x": x})
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for name, wv in zip(("y", "h"), want):   # float16 steps round each op: a few float16 ulps apart
+        np.testing.assert_allclose(got[name].astype(np.float32), wv.astype(np.float32), atol=4e-3, rtol=0)

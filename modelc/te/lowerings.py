@@ -395,6 +395,22 @@ def _slice(b, op, wl):
                                                        for i, (lo, st) in zip(idx, steps)]))
 
 
+def _gather(b, op, wl):
+    """A Gather of one constant position (an unrolled Scan's or recurrent layer's time step)."""
+    x = b.value(op.args[0])
+    at_, = _params(wl, op, 1)
+    a = int(op.attr("axis", 0)) % len(x.shape)
+    if at_.size != 1:
+        raise Unsupported("Gather of several positions")
+    k = int(at_.reshape(-1)[0])
+    k = k + x.shape[a] if k < 0 else k
+    if not 0 <= k < x.shape[a]:
+        raise Unsupported("Gather position out of range")
+    out_shape = tuple(wl.spec(f"v{op.index}").shape)
+    keep = at_.ndim          # 0 for a scalar position, 1 for [k]: the axis stays, of length 1
+    return Value(out_shape, x.dtype, lambda idx: x.at(list(idx[:a]) + [k] + list(idx[a + keep:])))
+
+
 def _concat(b, op, wl):
     xs = [b.value(a) for a in op.args]
     out_shape = tuple(wl.spec(f"v{op.index}").shape)
@@ -489,5 +505,5 @@ def _transpose(b, op, wl):
 LOWER = {**{k: _elementwise(fn) for k, fn in _ELEMENTWISE.items()},
           "MatMul": _matmul, "Dense": _matmul, "Einsum": _einsum,
           **{k: _reduce for k in _REDUCE}, "Transpose": _transpose, "Expand": _expand,
-          "Slice": _slice, "Concat": _concat, "Pad": _pad,
+          "Slice": _slice, "Concat": _concat, "Pad": _pad, "Gather": _gather,
           **{k: _reshape for k in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")}}
