@@ -108,6 +108,12 @@ GENERIC = {
     # ... over groups of 24: some tiles within a group, some split at its edge; flattened rows
     "pair_1x1": (lambda: conv_wl([1, 48, 5, 5], [48, 24, 1, 1], group=2, relu=True, outputs="all"),
                  [dict(tile_ow=16)]),
+    # groups of 56 (RegNetY-8GF's): tiles of two or three channel vectors within a group, the last
+    # one part zero weights (and a padded bias), blocked in and out, residual add
+    "padded_groups": (lambda: conv_wl([1, 112, 6, 9], [112, 56, 3, 3], group=2, pads=[1] * 4, x_layout=[8, 1],
+                                      out_layout=[8, 0], relu=True, res=True, res_layout=[8, 0]), []),
+    "padded_groups_s2": (lambda: conv_wl([1, 112, 9, 9], [112, 56, 3, 3], group=2, pads=[1] * 4, strides=[2, 2],
+                                         relu=True), []),
     "float64": (lambda: conv_wl([1, 3, 7, 7], [5, 3, 3, 3], pads=[1] * 4, dtype="float64",
                                 clip=True), []),
     "convT": (lambda: conv_wl([1, 6, 5, 4], [6, 2, 3, 3], op="ConvTranspose", group=3,
@@ -154,6 +160,29 @@ def test_pair_tiles_where_groups_are_half_vectors():
                            ([40, 32, 3, 3], 1, True), ([4, 32, 3, 3], 1, False)):
         wl = conv_wl([1, 32, 8, 8], w, group=group, pads=[1] * 4)
         assert _wide_tile(wl, conv_geometry(wl)) == wide, (w, group)
+
+
+def test_padded_tiles_within_groups_of_8_times_odd_channels():
+    """Every padded tile the host's space offers agrees with the reference; on AVX-512 (half-vector
+    pairs would blend two groups per FMA) the default takes one, on AVX2 it keeps the pair tile."""
+    from modelc import target
+    from modelc.kernels.conv_generic import PAIR
+    for name in ("padded_groups", "padded_groups_s2"):
+        wl = GENERIC[name][0]()
+        sp = template.select(wl).space(wl)
+        padded = [m for m in sp.knobs[1].values if m > PAIR and 56 % m]
+        assert padded, sp.knobs[1].values
+        check(wl, "conv_generic", [dict(tile_oc=m, tile_ow=t, vector_axis="oc") for m in padded for t in (2, 4)
+                                   if m * t <= target.current().lanes(4) * target.current().max_tile_vectors])
+    wl = GENERIC["padded_groups"][0]()
+    isas = {"avx2": target.Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads=2),
+            "avx512": target.Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl",
+                                                  threads=2)}
+    for isa, tg in isas.items():
+        with target.use(tg):
+            t = template.select(wl)
+            cfg = t.default_config(wl, t.space(wl))
+        assert cfg["vector_axis"] == "oc" and cfg["tile_oc"] == (32 if isa == "avx512" else PAIR), (isa, cfg)
 
 
 def test_generic_random_configs():

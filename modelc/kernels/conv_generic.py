@@ -104,7 +104,7 @@ class ConvGeneric(Template):
         owts = sorted({t for t in OWT_CANDIDATES if t <= ow} | ({ow} if ow <= 128 else set()))
         sp.define_knob("tile_ow", owts)
         sp.define_knob("tile_oc", [m for m in (1, 2, 4, 8, 16, 32) if g.Kg % m == 0] +
-                       ([PAIR] if _wide_tile(wl, g) else []))
+                       ([PAIR] if _wide_tile(wl, g) else []) + _padded_tiles(wl, g))
         sp.define_knob("vector_axis", ["ow", "oc"] if _oc_possible(wl, g) else ["ow"])
         sp.define_annotate("unroll_kw", [False, True])
         # (staging only ever zero-pads the row)
@@ -131,7 +131,13 @@ class ConvGeneric(Template):
         if "oc" in space.knobs[2].values:
             tg = target.current()
             lanes = tg.lanes(4)
-            oct_ = max(m for m in space.knobs[1].values if m <= 32)
+            padded = [m for m in space.knobs[1].values if m > PAIR and g.Kg % m]
+            oct_ = max(m for m in space.knobs[1].values if m <= 32 and m not in padded)
+            if oct_ == PAIR and g.Kg % PAIR and padded and lanes > PAIR // 2:
+                # a pair tile's halves are half vectors here, so each of its FMAs blends two
+                # groups' inputs; a group's own tiles win (RegNetY-8GF's 3x3 over 4 groups of 56 on
+                # 56x56: 6.6 ms as pairs, 4.0 in tiles of 32 channels, onnxruntime 4.0; AMD EPYC Zen 4)
+                oct_ = min(padded)
             # about half the accumulator registers (14 vectors on AVX-512), within all of them
             want = min(tg.max_tile_vectors // 2 * lanes // oct_, OC_MAX_OWT)
             fit = [t for t in owts if t <= OC_MAX_OWT and t * oct_ <= tg.max_tile_vectors * lanes] or owts[:1]
@@ -158,8 +164,10 @@ class ConvGeneric(Template):
         NT = -(-(-(-OW // PH)) // OWT)
         # output-channel tiles: within a group, or a wide tile: two half-vector groups' channels
         # (pair), or past the last channel of an ungrouped conv
-        pair = axis == "oc" and Kg % OCT != 0 and K != Kg
-        KO = -(-K // OCT)                          # (a pair tile may run past K: padded channels)
+        padded = axis == "oc" and OCT > PAIR and Kg % OCT != 0
+        pair = axis == "oc" and Kg % OCT != 0 and K != Kg and not padded
+        KOg = -(-Kg // OCT)                        # a padded tile's per group: the last one part-empty
+        KO = K // Kg * KOg if padded else -(-K // OCT)   # (a pair tile may run past K: padded channels)
         lead = nd - 1
         x_arg = int(conv.args[0][1:])
         X = f"in{x_arg}"
@@ -207,8 +215,9 @@ class ConvGeneric(Template):
         for i in reversed(range(lead)):
             body += item.take(f"o{i}", OS[i])
         body += item.last("ko", KO, "n")
-        body += [f"    k0 = ko * {OCT}",
-                 f"    grp = k0 // {Kg}",
+        body += [f"    grp = ko // {KOg}", f"    k0 = grp * {Kg} + ko % {KOg} * {OCT}"] if padded else \
+            [f"    k0 = ko * {OCT}", f"    grp = k0 // {Kg}"]
+        body += [
                  *([f"    grp2 = min((k0 + {OCT - 1}) // {Kg}, {K // Kg - 1})"] if pair else []),
                  f"    acc = carray(stack_empty({T}, {ctor(dt)}), {T})"]
         stage = axis == "ow" and not TR and cfg["stage_row"]
@@ -223,7 +232,7 @@ class ConvGeneric(Template):
                          f"    for r in range({OWT}):",
                          f"        acc[np.uintp({m * OWT} + r)] = b{m}"]
         else:                                      # acc[r, m]
-            init = f"{Bn}[np.uintp(k0 + j)]" if has_bias else zero
+            init = f"{Bn}[np.uintp({'ko * ' + str(OCT) if padded else 'k0'} + j)]" if has_bias else zero
             body += [f"    for j in range({OCT}):",
                      f"        bj = {init}"]
             body += [f"        acc[np.uintp({r * OCT} + j)] = bj" for r in range(OWT)]
@@ -380,10 +389,12 @@ class ConvGeneric(Template):
             # memory, and the reduction then stored all 14 accumulators every step: r3d_18's
             # conv3d + add + relu 256 -> 256 on 4x14x14 ran 31 ms, 11.7 with the copy (12.4 without
             # the add), AMD EPYC Zen 4.
+            stored = f"min({OCT}, {Kg} - ko % {KOg} * {OCT})" if padded else \
+                OCT if K % OCT == 0 else f"min({OCT}, {K} - k0)"
             body += [f"    res = carray(stack_empty({T}, {ctor(dt)}), {T})",
                      f"    for q in range({T}):",
                      "        res[np.uintp(q)] = acc[np.uintp(q)]",
-                     f"    for j in range({OCT if K % OCT == 0 else f'min({OCT}, {K} - k0)'}):"]
+                     f"    for j in range({stored}):"]
             for r in range(OWT):
                 body += store("        ", f"res[np.uintp({r * OCT} + j)]", "k0 + j", str(r))
 
@@ -391,6 +402,10 @@ class ConvGeneric(Template):
             res = {}
             for name, (ref, layout) in packs.items():
                 v = np.asarray(wl.params[ref] if ref.startswith("p") else consts[int(ref[1:])], dt)
+                if padded:                         # each group's channels, then zeros to KOg tiles
+                    v = v.reshape((K // Kg, Kg) + v.shape[1:])
+                    v = np.concatenate([v, np.zeros((K // Kg, KOg * OCT - Kg) + v.shape[2:], dt)], axis=1)
+                    v = v.reshape((KO * OCT,) + v.shape[2:])
                 if len(v) < KO * OCT:              # a pair tile past K reads zeros
                     v = np.concatenate([v, np.zeros((KO * OCT - len(v),) + v.shape[1:], dt)])
                 if layout == "oc":                 # [K, Cg, *k] -> [K/OCT, Cg, *k, OCT]
@@ -452,6 +467,18 @@ def _wide_tile(wl: Workload, g) -> bool:
     return ok and (g.K % PAIR == 0 or not bias or _const(wl, bias))
 
 
+def _padded_tiles(wl: Workload, g) -> list:
+    """Tiles of several channel vectors within a group, its last tile partly zero weights: groups of
+    8 x odd channels (RegNetY-8GF's 56) on AVX-512 otherwise take pair tiles, whose FMAs each blend
+    two groups' inputs. Only tiles wasting at most a third of their lanes, from two vectors on."""
+    lanes = target.current().lanes(4)
+    bias = wl.anchor.args[2] if len(wl.anchor.args) > 2 else ""
+    if not _const(wl, wl.anchor.args[1]) or g.transpose or (bias and not _const(wl, bias)) or g.Kg < 2 * lanes:
+        return []
+    return [t for t in range(2 * lanes, 4 * lanes + 1, lanes)
+            if t > PAIR and g.Kg % t and -(-g.Kg // t) * t <= g.Kg * 4 // 3]
+
+
 def _const(wl: Workload, ref: str) -> bool:
     return ref.startswith("p") or wl.inputs[int(ref[1:])].const
 
@@ -459,4 +486,5 @@ def _const(wl: Workload, ref: str) -> bool:
 def _oc_possible(wl: Workload, g) -> bool:
     """Channel vectors need a packable (constant) weight and 8k output channels per group, or a
     tile that may run past them."""
-    return not g.transpose and _const(wl, wl.anchor.args[1]) and (channel_vectors(g.Kg) or _wide_tile(wl, g))
+    return not g.transpose and _const(wl, wl.anchor.args[1]) and (
+        channel_vectors(g.Kg) or _wide_tile(wl, g) or bool(_padded_tiles(wl, g)))

@@ -28,13 +28,14 @@ from .dag import ComputeDAG
 from .expr import DeclarationError
 from .lower import KernelPlan, plan as plan_of
 from . import windows
-from .lowerings import LOWER as _LOWER
+from .lowerings import LOWER as _OPS
 from .lowerings import Split, Unsupported, Value, flat, read
+from .moves import MOVES
 from .tensor import compute, placeholder
 
 __all__ = ["Declared", "Unsupported", "declare"]
 
-LOWER = {**_LOWER, **windows.LOWER}         # every op a group's declaration may hold
+LOWER = {**_OPS, **MOVES, **windows.LOWER}   # every op a group's declaration may hold
 
 
 @dataclass
