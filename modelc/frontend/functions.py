@@ -53,9 +53,7 @@ def _body(ctx, n: onnx.NodeProto, node) -> onnx.FunctionProto:
             f.ParseFromString(raw)
         else:
             versions = sorted(s.function_opset_versions) or [ctx.opset]
-            f = s.get_function_with_opset_version(_version(versions, ctx.opset))
-            if isinstance(f, (bytes, str)):
-                f = onnx.FunctionProto.FromString(f if isinstance(f, bytes) else f.encode("latin-1"))
+            f = onnx.FunctionProto.FromString(s.get_function_with_opset_version(_version(versions, ctx.opset)))
     except Exception as e:
         raise ModelcError(f"{node.where()}: ONNX's definition of {n.op_type} as other ops cannot be "
                           f"built for this node: {str(e).strip().splitlines()[0] if str(e).strip() else e}") from None
