@@ -77,6 +77,8 @@ def test_per_layer_report_matches_every_onnxruntime_node(small_model, capsys):
     assert abs(sum(r["onnxruntime_ms"] for r in rep["rows"]) - rep["onnxruntime_nodes_ms"]) < 1e-9
     kernels = [r for r in rep["rows"] if r["template"] != "(view)"]
     assert kernels and all(r["modelc_ms"] > 0 for r in kernels)
+    # the whole runs beside the sums, so a profiler's own overhead is visible
+    assert set(rep["latency_ms"]) == {"onnxruntime", "modelc (untuned)"} and "whole runs: modelc" in text
 
 
 def test_onnxruntime_nodes_of_its_own_go_to_the_group_beside_them():
