@@ -100,7 +100,7 @@ GENERIC = {
     # tiles of 16 channels over two groups of 8 (an odd number of groups: the last tile half empty)
     "pair_tail": (lambda: conv_wl([1, 40, 7, 7], [40, 8, 3, 3], group=5, pads=[1] * 4, x_layout=[8, 1],
                                   out_layout=[8, 1], relu=True, res=True, res_layout=[8, 0]),
-                  [dict(tile_ow=4, stage_row=False)]),
+                  [dict(tile_ow=4, stage_row=False), dict(unroll_kw=False)]),
     # an ungrouped 3-d conv to 23 channels: the second tile runs past them
     "wide_3d": (lambda: conv_wl([1, 5, 3, 6, 7], [23, 5, 1, 3, 3], pads=[0, 1, 1, 0, 1, 1], strides=[1, 2, 1],
                                 relu=True, res=True),

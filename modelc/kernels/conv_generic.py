@@ -21,7 +21,7 @@ Two formulations (knob `vector_axis`):
   `tile_ow` columns x `tile_oc` channels, weights packed [K/tile_oc, Cg, *k, tile_oc], one
   broadcast input scalar per column times a channel vector; tiles touching the padding load
   their inputs through bounds checks (a separate path, so interior tiles have none).
-`unroll_kw` writes the kernel-column loop out ("ow" only).
+`unroll_kw` writes the kernel-column loop out; on "oc" tiles the columns then share each input load.
 
 ConvTranspose ("ow"): output columns are computed per phase (ow mod stride), so that for each
 kernel column the input columns of a tile are contiguous; taps of the wrong phase are skipped.
@@ -116,7 +116,7 @@ class ConvGeneric(Template):
                 return False
             if cfg["vector_axis"] == "ow":
                 return cfg["tile_oc"] <= 8 and cfg["tile_ow"] * cfg["tile_oc"] <= 1024
-            return cfg["tile_oc"] >= 8 and cfg["tile_ow"] <= OC_MAX_OWT and not cfg["unroll_kw"] and \
+            return cfg["tile_oc"] >= 8 and cfg["tile_ow"] <= OC_MAX_OWT and \
                 cfg["tile_ow"] * cfg["tile_oc"] <= floats
         sp.constraint = valid
         return sp
@@ -143,7 +143,7 @@ class ConvGeneric(Template):
             fit = [t for t in owts if t <= OC_MAX_OWT and t * oct_ <= tg.max_tile_vectors * lanes] or owts[:1]
             owt = min(fit, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
             return space.from_values({"tile_ow": owt, "tile_oc": oct_, "vector_axis": "oc",
-                                      "unroll_kw": False, "stage_row": space.knobs[4].values[0]})
+                                      "unroll_kw": 1 < g.KW <= 7, "stage_row": space.knobs[4].values[0]})
         unroll = 1 < g.KW <= 7
         owt = min(owts, key=lambda t: (waste(t) > 0.15, t > 64, -t))
         oct_ = max(m for m in space.knobs[1].values if m <= 4)
@@ -357,7 +357,32 @@ class ConvGeneric(Template):
                       f"{pre}    xv = {X}[np.uintp(xo + r * {sw * xsw})]"]
             return lines + fmas(pre + "    ", "xv", "r")
 
-        if unroll:
+        def oc_row(pre):
+            """The kernel columns written out over one load of each input column they share: tap kw
+            of output column r reads column r * sw + kw * dw of the tile's input row, so a row of
+            OWT outputs reads OWT + KW - 1 inputs at stride 1, not OWT * KW (written as a loop, the
+            14-column tile reloaded and re-broadcast its inputs for each tap: RegNetX-3.2GF's grouped
+            3x3 ran 1.4x the time of 7-column tiles, which LLVM had unrolled itself)."""
+            offs = sorted({r * sw + kw * dw for r in range(OWT) for kw in range(KW)})
+            rows = [("x", "xrow")] + ([("y", "xrow2")] if pair else [])
+            lines = [f"{pre}iw = ow0 * {sw} - {pw}", f"{pre}if inner:"]
+            lines += [f"{pre}    {v}{d} = {X}[np.uintp({o} + (iw + {d}) * {xsw})]" for v, o in rows for d in offs]
+            lines += [f"{pre}else:"]
+            lines += [f"{pre}    {v}{d} = {X}[np.uintp({o} + (iw + {d}) * {xsw})] if iw >= {-d} and iw < {W - d} "
+                      f"else {zero}" for v, o in rows for d in offs]
+            for kw in range(KW):
+                lines += [f"{pre}wo = np.uintp(wrow + {kw * OCT})",
+                          f"{pre}for j in range({OCT}):",
+                          f"{pre}    wv = {Wn}[wo + np.uintp(j)]"]
+                for r in range(OWT):
+                    d = r * sw + kw * dw
+                    xv = f"(x{d} if j < {PAIR // 2} else y{d})" if pair else f"x{d}"
+                    lines.append(f"{pre}    acc[np.uintp({r * OCT} + j)] += {xv} * wv")
+            return lines
+
+        if unroll and axis == "oc":
+            body += oc_row(pre)
+        elif unroll:
             for kw in range(KW):
                 body += column(pre, kw)
         else:
