@@ -154,7 +154,7 @@ def test_pair_tiles_where_groups_are_half_vectors():
     wl = GENERIC["pair_tail"][0]()
     wl.inputs[2].const = False
     assert 16 not in template.select(wl).space(wl).knobs[1].values
-    from modelc.kernels.conv_generic import _wide_tile
+    from modelc.kernels.channel_tiles import wide_tile as _wide_tile
     from modelc.kernels.conv_geometry import conv_geometry
     for w, group, wide in (([32, 8, 3, 3], 4, True), ([32, 16, 3, 3], 2, False), ([32, 4, 3, 3], 8, False),
                            ([40, 32, 3, 3], 1, True), ([4, 32, 3, 3], 1, False)):

@@ -17,7 +17,8 @@ Two formulations (knob `vector_axis`):
   stride > 1), so the multiply-add loops have constant trip counts and no bounds (2x faster at
   stride 1; the strided copy loses at stride 2); without it each kernel column runs over its
   valid range of output columns.
-- "oc" (Conv with a constant weight and 8k output channels per group): conv2d's register tile,
+- "oc" (Conv with a constant weight and 8k output channels per group, or a tile channel_tiles.py
+  allows past them): conv2d's register tile,
   `tile_ow` columns x `tile_oc` channels, weights packed [K/tile_oc, Cg, *k, tile_oc], one
   broadcast input scalar per column times a channel vector; tiles touching the padding load
   their inputs through bounds checks (a separate path, so interior tiles have none).
@@ -34,6 +35,7 @@ import math
 import numpy as np
 
 from .. import target
+from .channel_tiles import PAIR, oc_possible, padded_tiles, wide_tile
 from .codegen import ParallelItem, row_waste, shifted_start
 from .conv_geometry import conv_geometry
 from .expr import SUPPORTED, ctor, lit
@@ -45,7 +47,6 @@ from .workload import Workload
 
 OWT_CANDIDATES = [1, 2, 4, 6, 7, 8, 12, 14, 16, 28, 32, 56, 64, 112, 128]
 OC_MAX_OWT = 16              # columns of a channel-vector tile (as conv2d's, written out)
-PAIR = 16                    # channels of a tile spanning two groups (halves split at PAIR // 2)
 
 
 @register
@@ -104,8 +105,8 @@ class ConvGeneric(Template):
         owts = sorted({t for t in OWT_CANDIDATES if t <= ow} | ({ow} if ow <= 128 else set()))
         sp.define_knob("tile_ow", owts)
         sp.define_knob("tile_oc", [m for m in (1, 2, 4, 8, 16, 32) if g.Kg % m == 0] +
-                       ([PAIR] if _wide_tile(wl, g) else []) + _padded_tiles(wl, g))
-        sp.define_knob("vector_axis", ["ow", "oc"] if _oc_possible(wl, g) else ["ow"])
+                       ([PAIR] if wide_tile(wl, g) else []) + padded_tiles(wl, g))
+        sp.define_knob("vector_axis", ["ow", "oc"] if oc_possible(wl, g) else ["ow"])
         sp.define_annotate("unroll_kw", [False, True])
         # (staging only ever zero-pads the row)
         sp.define_knob("stage_row", [True, False] if not _unpadded(wl) and not g.transpose else [False])
@@ -463,53 +464,3 @@ def _geometry(wl: Workload):
 
 def _unpadded(wl: Workload) -> bool:
     return not any(wl.anchor.attrs.get("pads", [0]))
-
-
-def channel_vectors(kg: int) -> bool:
-    """Whether a group of `kg` output channels takes the channel-vector tile ("oc"): 8k of them
-    (the layout pass keeps such grouped convs in the blocked layout)."""
-    return kg % 8 == 0
-
-
-def _wide_tile(wl: Workload, g) -> bool:
-    """Whether a tile of PAIR channels may reach past a group's channels (PAIR not dividing them):
-    - grouped, groups of 8 channels times an odd number (RegNet's widths of 8, ShuffleNet v1's 136):
-      the tile holds two groups' halves, which fill only half of an AVX-512 vector each, and LLVM
-      would not vectorise a tile of 8 channels at all (scalar FMAs; with reassociation it vectorised
-      the input-channel loop and spilled): ShuffleNet v1's 1x1 conv 544 -> 544 in 4 groups on 7x7
-      0.236 -> 0.082 ms, RegNetY's 3x3 208 -> 208 in 26 groups on 14x14 0.094 -> 0.076 ms;
-    - ungrouped, any number of channels from 8: the last tile runs past them (R(2+1)D's 3-d convs to
-      230, 460 and 921 channels ran their rows with 4-channel tiles: 1x3x3 64 -> 230 on 16x56x56
-      126-162 ms, onnxruntime 17.5).
-    Past the last channel the tile reads zero weights, so the bias must be packed too."""
-    if not _const(wl, wl.anchor.args[1]) or g.transpose or g.Kg % PAIR == 0:
-        return False
-    if g.K == g.Kg:
-        ok = g.K >= PAIR // 2
-    else:
-        ok = g.Kg % (PAIR // 2) == 0
-    bias = wl.anchor.args[2] if len(wl.anchor.args) > 2 else ""
-    return ok and (g.K % PAIR == 0 or not bias or _const(wl, bias))
-
-
-def _padded_tiles(wl: Workload, g) -> list:
-    """Tiles of several channel vectors within a group, its last tile partly zero weights: groups of
-    8 x odd channels (RegNetY-8GF's 56) on AVX-512 otherwise take pair tiles, whose FMAs each blend
-    two groups' inputs. Only tiles wasting at most a third of their lanes, from two vectors on."""
-    lanes = target.current().lanes(4)
-    bias = wl.anchor.args[2] if len(wl.anchor.args) > 2 else ""
-    if not _const(wl, wl.anchor.args[1]) or g.transpose or (bias and not _const(wl, bias)) or g.Kg < 2 * lanes:
-        return []
-    return [t for t in range(2 * lanes, 4 * lanes + 1, lanes)
-            if t > PAIR and g.Kg % t and -(-g.Kg // t) * t <= g.Kg * 4 // 3]
-
-
-def _const(wl: Workload, ref: str) -> bool:
-    return ref.startswith("p") or wl.inputs[int(ref[1:])].const
-
-
-def _oc_possible(wl: Workload, g) -> bool:
-    """Channel vectors need a packable (constant) weight and 8k output channels per group, or a
-    tile that may run past them."""
-    return not g.transpose and _const(wl, wl.anchor.args[1]) and (
-        channel_vectors(g.Kg) or _wide_tile(wl, g) or bool(_padded_tiles(wl, g)))

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..ir import Graph, Node
 from ..ops.internal import CONVS
-from ..kernels.conv_generic import channel_vectors
+from ..kernels.channel_tiles import channel_vectors
 from ..kernels.expr import SUPPORTED as ELEMENTWISE
 from ..kernels.layout import choose_block, same_as_plain
 
