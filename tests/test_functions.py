@@ -7,6 +7,7 @@ from onnx import TensorProto, helper
 
 import modelc
 from modelc.errors import ModelcError, UnsupportedOpError
+from workloads import onnx_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:onnx.checker rejects")
 RNG = np.random.default_rng(0)
@@ -14,12 +15,10 @@ F = TensorProto.FLOAT
 
 
 def _model(nodes, inputs, outputs, opset):
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, F, s) for n, s in inputs],
-                          [helper.make_tensor_value_info(o, F, []) for o in outputs])
-    for o in g.output:
+    m = onnx_model(nodes, [helper.make_tensor_value_info(n, F, s) for n, s in inputs],
+                   [helper.make_tensor_value_info(o, F, []) for o in outputs], opset=opset, ir_version=10)
+    for o in m.graph.output:
         o.type.tensor_type.ClearField("shape")
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
     return m
 
 

@@ -8,6 +8,7 @@ from onnx.reference import ReferenceEvaluator
 
 import modelc
 from modelc.errors import ModelcError
+from workloads import onnx_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:onnx.checker rejects")
 RNG = np.random.default_rng(0)
@@ -25,10 +26,8 @@ def _model(op, attrs, consts, data, outputs, opset=14):
     inputs = [helper.make_tensor_value_info(k, TensorProto.INT32 if v.dtype == np.int32 else F, list(v.shape))
               for k, v in data.items()]
     outs = [helper.make_tensor_value_info(o, F, None) for o in outputs if o]
-    g = helper.make_graph([node], "g", inputs, outs, [numpy_helper.from_array(v, k) for k, v in consts.items()])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    return m
+    return onnx_model([node], inputs, outs, [numpy_helper.from_array(v, k) for k, v in consts.items()], opset,
+                      ir_version=8)
 
 
 def _check(m, feeds):

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from ..errors import DynamicError, ModelcError
+from ..ops.params import axis_index
 from .converters import converter
 
 MAX_UNROLLED_NODES = 50_000       # nodes written out by Loops: beyond it, a loop is not "static"
@@ -201,9 +202,10 @@ def _per(node, attr: str, count: int) -> list:
 
 
 def _axis(node, a: int, rank: int, name: str) -> int:
-    if not -rank <= a < rank:
-        raise ModelcError(f"{node.where()}: axis {a} is out of range for {name!r} of rank {rank}")
-    return a + rank if a < 0 else a
+    try:
+        return axis_index(a, rank)
+    except ValueError as e:
+        raise ModelcError(f"{node.where()}: {e} ({name!r})") from None
 
 
 def _declared(body: onnx.GraphProto, k: int) -> tuple:

@@ -39,8 +39,7 @@ def expands(op_type: str, domain: str, opset: int) -> bool:
     return _schema(op_type, domain, opset) is not None
 
 
-def _body(ctx, n: onnx.NodeProto, node) -> onnx.FunctionProto:
-    s = _schema(n.op_type, n.domain, ctx.opset)
+def _body(ctx, n: onnx.NodeProto, node, s) -> onnx.FunctionProto:
     try:
         if s.has_context_dependent_function:
             versions = sorted(s.context_dependent_function_opset_versions) or [ctx.opset]
@@ -94,8 +93,9 @@ def _bind_attributes(f: onnx.FunctionProto, n: onnx.NodeProto, s):
 
 def expand(ctx, n: onnx.NodeProto, node):
     """Import node `n` (modelc's `node`) as the nodes of ONNX's function body for it."""
-    f = _body(ctx, n, node)
-    _bind_attributes(f, n, _schema(n.op_type, n.domain, ctx.opset))
+    s = _schema(n.op_type, n.domain, ctx.opset)
+    f = _body(ctx, n, node, s)
+    _bind_attributes(f, n, s)
     if len(n.input) > len(f.input) or len(n.output) > len(f.output):
         raise ModelcError(f"{node.where()} has {len(n.input)} inputs and {len(n.output)} outputs; ONNX's "
                           f"definition of {n.op_type} takes at most {len(f.input)} and {len(f.output)}")

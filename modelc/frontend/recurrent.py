@@ -26,15 +26,21 @@ ACTIVATIONS = {"relu": None, "tanh": None, "sigmoid": None, "softsign": None, "s
 class _Cell:
     """Emits one direction's ops; `act(k, x)` applies the k-th activation of the direction."""
 
-    def __init__(self, ctx, node, acts):
-        self.ctx, self.node, self.acts = ctx, node, acts
-        self.dtype = None
+    def __init__(self, ctx, node, dtype):
+        self.ctx, self.node, self.dtype, self.acts = ctx, node, dtype, None
+        self._consts = {}            # one constant per value, not one per step that reads it
 
     def c(self, value, hint):
-        return self.ctx.const(np.asarray(value, self.dtype), f"{self.node.name}_{hint}")
+        return self._const(np.asarray(value, self.dtype), hint)
 
     def ints(self, value):
-        return self.ctx.const(np.array(value, np.int64), f"{self.node.name}_i")
+        return self._const(np.array(value, np.int64), "i")
+
+    def _const(self, v, hint):
+        key = (v.dtype.str, v.shape, v.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self.ctx.const(v, f"{self.node.name}_{hint}")
+        return self._consts[key]
 
     def op(self, op_type, *inputs, **attrs):
         return self.ctx.emit(op_type, list(inputs), attrs=attrs)[0]
@@ -100,8 +106,7 @@ def recurrent(ctx, node):
         raise ModelcError(f"{node.where()}: X, W and R must have rank 3, have "
                           f"{ctx.rank(x)}, {ctx.rank(w)}, {ctx.rank(r)}")
     hidden = int(a.get("hidden_size", ctx.shape(r)[-1]))
-    cell = _Cell(ctx, node, None)
-    cell.dtype = ctx.dtype(x)
+    cell = _Cell(ctx, node, ctx.dtype(x))
     if layout:
         x = cell.op("Transpose", x, perm=[1, 0, 2])
         h0 = h0 and cell.op("Transpose", h0, perm=[1, 0, 2])
@@ -124,6 +129,7 @@ def recurrent(ctx, node):
     lv = ctx.value(lens)
     if lv is not None and np.all(np.asarray(lv) == steps):
         lens = ""                               # every sequence is whole: nothing to mask
+    lens = lens and cell.op("Cast", lens, to=7)  # (int64, once: every step compares with it)
     acts = _activations(node, {"RNN": 1, "GRU": 2, "LSTM": 3}[op], dirs)
     ys, hs, cs = [], [], []
     for d in range(dirs):
@@ -133,7 +139,7 @@ def recurrent(ctx, node):
         ys.append(y)
         hs.append(h)
         cs.append(c)
-    axis1 = ctx.const(np.array([1], np.int64), f"{node.name}_axis1")
+    axis1 = cell.ints([1])
     outs = list(node.outputs) + [""] * 3
     if outs[0]:
         y = cell.op("Concat", *[cell.op("Unsqueeze", y, axis1) for y in ys], axis=1)     # [S, D, B, H]
@@ -162,12 +168,12 @@ def _part(cell, t, d, k, size):
 def _reverse_each(cell, seq, lens, steps, batch):
     """seq[S, B, ...] with each batch entry's first lens[b] steps reversed in place (ReverseSequence)."""
     ctx = cell.ctx
-    pos = ctx.const(np.arange(steps, dtype=np.int64).reshape(steps, 1), "positions")
-    n = cell.op("Cast", cell.op("Unsqueeze", lens, cell.ints([0])), to=7)   # [1, B]
+    pos = cell.ints(np.arange(steps).reshape(steps, 1))
+    n = cell.op("Unsqueeze", lens, cell.ints([0]))                           # [1, B]
     flipped = cell.op("Sub", cell.op("Sub", n, cell.ints(1)), pos)
     idx = cell.op("Where", cell.op("Less", pos, n), flipped, cell.op("Expand", pos, cell.ints([steps, batch])))
     rank = ctx.rank(seq)
-    idx = cell.op("Unsqueeze", idx, ctx.const(np.arange(2, rank, dtype=np.int64)))
+    idx = cell.op("Unsqueeze", idx, cell.ints(np.arange(2, rank)))
     idx = cell.op("Expand", idx, cell.ints(ctx.shape(seq)))
     return cell.op("GatherElements", seq, idx, axis=0)
 
@@ -186,12 +192,12 @@ def _direction(ctx, node, cell, d, reverse, x, w, r, b, lens, h0, c0, p, hidden)
         if op == "GRU":     # the new gate's recurrent bias sits inside the reset gate's product
             rb_h = cell.op("Slice", rb, i64([2 * hidden]), i64([3 * hidden]), i64([0]))
             rb = cell.op("Concat", cell.op("Slice", rb, i64([0]), i64([2 * hidden]), i64([0])),
-                         ctx.const(np.zeros(hidden, cell.dtype)), axis=0)
+                         cell.c(np.zeros(hidden), "zeros"), axis=0)
         xw = cell.op("Add", xw, cell.op("Add", wb, rb))
     if lens and reverse:
         xw = _reverse_each(cell, xw, lens, steps, batch)
     rt = cell.op("Transpose", cell.op("Gather", r, i64(d), axis=0), perm=[1, 0])     # [H, gH]
-    zeros = ctx.const(np.zeros((batch, hidden), cell.dtype), f"{node.name}_zeros")
+    zeros = cell.c(np.zeros((batch, hidden)), "zeros")
     h = cell.op("Gather", h0, i64(d), axis=0) if h0 else zeros
     c = cell.op("Gather", c0, i64(d), axis=0) if c0 else zeros
     if op == "GRU" and not node.attrs.get("linear_before_reset", 0):
@@ -243,7 +249,7 @@ def _direction(ctx, node, cell, d, reverse, x, w, r, b, lens, h0, c0, p, hidden)
             h_new = cell.op("Add", cell.op("Mul", cell.op("Sub", cell.c(1, "one"), z), n_), cell.op("Mul", z, h))
             c_new = None
         if lens:
-            live = cell.op("Unsqueeze", cell.op("Less", i64(t), cell.op("Cast", lens, to=7)), i64([1]))   # [B, 1]
+            live = cell.op("Unsqueeze", cell.op("Less", i64(t), lens), i64([1]))   # [B, 1]
             h = cell.op("Where", live, h_new, h)
             c = cell.op("Where", live, c_new, c) if c_new is not None else c
             ys[t] = cell.op("Where", live, h_new, zeros)
@@ -251,7 +257,7 @@ def _direction(ctx, node, cell, d, reverse, x, w, r, b, lens, h0, c0, p, hidden)
             h, c = h_new, (c_new if c_new is not None else c)
             ys[t] = h_new
     if lens:       # an entry of no steps ends in zero states, as onnxruntime's do (not its initial ones)
-        some = cell.op("Unsqueeze", cell.op("Less", i64(0), cell.op("Cast", lens, to=7)), i64([1]))
+        some = cell.op("Unsqueeze", cell.op("Less", i64(0), lens), i64([1]))
         h, c = cell.op("Where", some, h, zeros), cell.op("Where", some, c, zeros)
     # [S*B, H] then [S, B, H]: each step's state is a contiguous part, which the concat can hold in place
     y = cell.op("Reshape", cell.op("Concat", *[ys[t] for t in range(steps)], axis=0), i64([steps, batch, hidden]))

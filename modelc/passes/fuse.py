@@ -103,30 +103,36 @@ def _close_diamonds(graph: Graph, groups: list) -> list:
                 if src is not None and owner[src.name] != k:
                     dag.add_edge(owner[src.name], k)
     pos = {n.name: i for i, n in enumerate(graph.topo())}
+    # a topological rank per group; a merged group keeps its reader's
+    rank = {k: i for i, k in enumerate(nx.topological_sort(dag))}
     changed = True
     while changed:
         changed = False
         for a in sorted(dag.nodes, reverse=True):
             if a not in dag or not _injective_only(groups[a]):
                 continue
-            b = next((b for b in sorted(dag.successors(a)) if _joins(graph, dag, groups, a, b)), None)
+            b = next((b for b in sorted(dag.successors(a)) if _joins(graph, dag, rank, groups, a, b)), None)
             if b is None:
                 continue
             groups[b] = sorted(groups[a] + groups[b], key=lambda n: pos[n.name])
             for p in dag.predecessors(a):
-                if p != b:
-                    dag.add_edge(p, b)
+                dag.add_edge(p, b)
             for c in dag.successors(a):
                 if c != b:
                     dag.add_edge(b, c)
             dag.remove_node(a)
+            if any(rank[c] < rank[b] for c in dag.successors(b)):      # (rare) ranks to renew
+                rank = {k: i for i, k in enumerate(nx.topological_sort(dag))}
             changed = True
     return [groups[k] for k in sorted(dag.nodes, key=lambda k: pos[groups[k][0].name])]
 
 
-def _joins(graph: Graph, dag, groups: list, a: int, b: int) -> bool:
+def _joins(graph: Graph, dag, rank: dict, groups: list, a: int, b: int) -> bool:
     """Whether injective group a can join its reader b: one loop computes both, without reading a's
-    values broadcast (recomputed per element) and without a path from b back to a through others."""
+    values broadcast (recomputed per element) and without a cycle: none of a's other readers may lead
+    back to b (a's producers rank below a, so b reaches none of them). A reader ranked after b cannot;
+    only one ranked before it is searched (a search per candidate took 11.6 s on an LSTM of 1,500 steps,
+    3,000 groups)."""
     if not _injective_only(groups[b]) or len(groups[a]) + len(groups[b]) > MAX_MERGED:
         return False
     inside = {n.name for n in groups[a]} | {n.name for n in groups[b]}
@@ -140,8 +146,7 @@ def _joins(graph: Graph, dag, groups: list, a: int, b: int) -> bool:
                     return False        # a's output stays one: it must fit b's loop
             elif readers and graph.tensors[o].size < size:
                 return False            # read broadcast: merged, it would be recomputed
-    return not any(p != b and nx.has_path(dag, b, p) for p in dag.predecessors(a)) and \
-        not any(c != b and nx.has_path(dag, c, b) for c in dag.successors(a))
+    return all(rank[c] > rank[b] or not nx.has_path(dag, c, b) for c in dag.successors(a) if c != b)
 
 
 def _is_param(graph: Graph, node: Node, index: int, name: str) -> bool:
