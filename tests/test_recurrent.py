@@ -104,3 +104,11 @@ def test_a_recurrent_layer_with_weights_of_the_wrong_shape_is_named():
     m.graph.node[0].name = "encoder_lstm"
     with pytest.raises(ModelcError, match="encoder_lstm.*W 'W' has shape"):
         modelc.from_onnx(m)
+    m = _model("LSTM", {"hidden_size": H}, {"W": _w(1, 4 * H, IN), "R": _w(1, 4 * H, H),
+                                          "sequence_lens": np.array([9, 2, 1], np.int32)}, {"X": _x()}, ["Y"])
+    with pytest.raises(ModelcError, match=r"sequence_lens \[9, 2, 1\] must lie in \[0, 5\]"):
+        modelc.from_onnx(m)
+    m = _model("RNN", {"hidden_size": 0}, {"W": np.zeros((1, 0, IN), np.float32), "R": np.zeros((1, 0, 0), np.float32)},
+               {"X": _x()}, ["Y"])
+    with pytest.raises(ModelcError, match="hidden_size 0 is not a positive"):
+        modelc.from_onnx(m)

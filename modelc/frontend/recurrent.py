@@ -106,6 +106,8 @@ def recurrent(ctx, node):
         raise ModelcError(f"{node.where()}: X, W and R must have rank 3, have "
                           f"{ctx.rank(x)}, {ctx.rank(w)}, {ctx.rank(r)}")
     hidden = int(a.get("hidden_size", ctx.shape(r)[-1]))
+    if hidden < 1:
+        raise ModelcError(f"{node.where()}: hidden_size {hidden} is not a positive number of units")
     cell = _Cell(ctx, node, ctx.dtype(x))
     if layout:
         x = cell.op("Transpose", x, perm=[1, 0, 2])
@@ -127,6 +129,9 @@ def recurrent(ctx, node):
     if steps == 0:
         raise ModelcError(f"{node.where()}: its input {node.inputs[0]!r} has no time steps")
     lv = ctx.value(lens)
+    if lv is not None and not np.all((0 <= np.asarray(lv)) & (np.asarray(lv) <= steps)):
+        raise ModelcError(f"{node.where()}: sequence_lens {np.asarray(lv).tolist()} must lie in [0, {steps}], "
+                          "the input's steps")
     if lv is not None and np.all(np.asarray(lv) == steps):
         lens = ""                               # every sequence is whole: nothing to mask
     lens = lens and cell.op("Cast", lens, to=7)  # (int64, once: every step compares with it)
