@@ -11,7 +11,9 @@ tile of channel blocks, group of output rows), so only the rows a group shares w
 it are computed twice.
 
 Input [N, C/cb, H+2h, W+2h, cb] (its halo is the first conv's padding); the first conv's weights
-packed as [K/(m b), C/cb, KH1, KW1, cb, m b], the depthwise ones as [K/b, KH, KW, b]; output
+packed per tile of m blocks as [tiles, C/cb, KH1, KW1, cb, m b], the depthwise ones as [tiles, KH,
+KW, m b] (the last tile ends at the last block, recomputing a few where m does not divide them);
+a ring row holds its columns' m b channels side by side, so both convs' vectors span the tile; output
 [N, K/b, OH+2h', OW+2h', b]. The first conv's part is conv2d's register tile (OWT pixels x m
 vectors of b channels, a broadcast input times a weight vector per channel); the depthwise part is
 depthwise_conv2d's (a tile of output pixels, one lane loop). Each part's elementwise epilogue (bias,
@@ -92,6 +94,14 @@ class Geometry:
         self.BW = self.W + self.pl + self.pr             # a ring row, with the padding columns
 
 
+def dw_lanes(b: int, m: int, lanes: int) -> int:
+    """Channels of a tile of m blocks of b that one depthwise lane loop takes: up to a vector, so
+    blocks narrower than one (8 on AVX-512) fill it together, and wider tiles (AVX2's two vectors of
+    8) keep a loop per vector, whose tile of pixels stays as wide."""
+    w = max(b, min(m * b, lanes))
+    return w if (m * b) % w == 0 else b
+
+
 def _with_row(candidates, w: int) -> list:
     """Tile widths up to a row of `w`, with the row and its half among them: EfficientNet-B3's
     rows of 10 and 19 had only tiles of 2 or 4 without waste, latency-bound (its 232 -> 1392 block
@@ -151,18 +161,22 @@ class ExpandDepthwise(Template):
         sp = ConfigSpace()
         sp.define_knob("tile_ow", [t for t in _with_row(OWT_CANDIDATES, g.W) if t * vec <= tg.max_tile_vectors] or [1])
         # m blocks of b channels per item, as conv2d's tile_oc_blocks: without AVX-512's broadcast
-        # operand each broadcast input is a load of its own, and two vectors of channels share it
-        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 3, 4) if blocks % m == 0 and m * g.b <= 4 * lanes])
+        # operand each broadcast input is a load of its own, and two vectors of channels share it;
+        # blocks narrower than a vector (488 channels are 61 blocks of 8) fill one together, the
+        # last tile shifted back to end at the last block where m does not divide them
+        sp.define_knob("tile_oc_blocks", [m for m in (1, 2, 3, 4, 8) if m <= blocks and m * g.b <= 4 * lanes
+                                          and (m & (m - 1) == 0 or blocks % m == 0)])
         sp.define_knob("tile_dw", _with_row(DW_CANDIDATES, g.OW) or [1])
         sp.define_knob("row_groups", [r for r in GROUP_CANDIDATES if r <= g.OH])
         most = tg.vector_registers // 2            # depthwise accumulators (the rest: weights, inputs)
         extra = 0 if tg.broadcast_in_fma else 1
 
         def valid(cfg):
-            wvec = cfg["tile_oc_blocks"] * vec
+            dvec = -(-dw_lanes(g.b, cfg["tile_oc_blocks"], lanes) // lanes)
+            wvec = -(-cfg["tile_oc_blocks"] * g.b // lanes)      # a tile's channels are contiguous
             acc = cfg["tile_ow"] * wvec
             return acc <= tg.max_tile_vectors and acc + 2 * wvec + extra <= tg.vector_registers and \
-                cfg["tile_dw"] * vec <= most and cfg["tile_dw"] * g.KH * g.KW <= MAX_TAPS and \
+                cfg["tile_dw"] * dvec <= most and cfg["tile_dw"] * g.KH * g.KW <= MAX_TAPS and \
                 cfg["tile_oc_blocks"] * g.ring * g.BW * g.b <= MAX_RING_FLOATS
         sp.constraint = valid
         return sp
@@ -176,19 +190,22 @@ class ExpandDepthwise(Template):
         g = Geometry(wl, d)
         tg = target.current()
         lanes = tg.lanes(4)
-        vec = -(-g.b // lanes)
         per_pixel = lanes * (1 if tg.broadcast_in_fma else 2)
-        ms = [m for m in space.knobs[1].values if m * g.b <= per_pixel] or space.knobs[1].values[:1]
+        blocks = g.K // g.b
+        # among the block counts whose last tile recomputes little, as conv2d's default
+        ms = [m for m in space.knobs[1].values if m * g.b <= per_pixel and -(-blocks // m) * m <= 1.25 * blocks] \
+            or space.knobs[1].values[:1]
         m = max(ms)
+        vec = -(-m * g.b // lanes)                  # vectors of a tile's channels
         # twice the pixels where a tile's channels are half a vector (72 channels in blocks of 8 on
         # AVX-512): each accumulator is half full and loads bound the tile (MNASNet's 24 -> 72 and
         # 40 -> 120 on 56x56 and 28x28: 28 pixels ran 0.39-0.54 of 14 pixels' time; 144 channels
         # in blocks of 16 gained nothing from 28). Not for narrower blocks: ShuffleNetV2's 116
         # channels in blocks of 4 ran 3x slower with 28 pixels than with 14 (AMD EPYC Zen 4).
         half = 2 if 2 * m * g.b == lanes else 1
-        want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) * half // (m * vec)
+        want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) * half // vec
         waste = row_waste(g.W)
-        owts = [t for t in space.knobs[0].values if t * m * vec <= tg.max_tile_vectors] or [1]
+        owts = [t for t in space.knobs[0].values if t * vec <= tg.max_tile_vectors] or [1]
         owt = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
         # an epilogue that evaluates a polynomial (SiLU's sigmoid) keeps a few vectors live per pixel
         # while it runs: on AVX2's 16 registers 8 depthwise pixels spilled (EfficientNet-B0's fused
@@ -197,12 +214,13 @@ class ExpandDepthwise(Template):
         lines, _ = epilogue(wl, wl.ops[d + 1:], "a0", ["n", ("kb", "j", g.b), "oh", "o0"], out.shape,
                             np.float32, f"v{d}", var="f0_", unsigned=True)
         share = 4 if calls_polynomial(lines) else 2
-        want_dw = max(1, min(tg.accumulators_in_flight, tg.vector_registers // share) // vec)
+        dvec = -(-dw_lanes(g.b, m, lanes) // lanes)
+        want_dw = max(1, min(tg.accumulators_in_flight, tg.vector_registers // share) // dvec)
         waste_dw = row_waste(g.OW)
-        dws = [t for t in space.knobs[2].values if t * vec <= tg.vector_registers // 2
+        dws = [t for t in space.knobs[2].values if t * dvec <= tg.vector_registers // 2
                and t * g.KH * g.KW <= MAX_TAPS] or [1]
         dwt = min(dws, key=lambda t: (waste_dw(t) > 0.15, abs(t - want_dw), -t))
-        items = g.N * g.K // (g.b * m)
+        items = g.N * -(-blocks // m)
 
         def cost(r):
             balance = -(-items * r // tg.threads) * tg.threads / (items * r)
@@ -220,12 +238,11 @@ class ExpandDepthwise(Template):
         m = cfg["tile_oc_blocks"]
         b, cb, KH, KW = g.b, g.cb, g.KH, g.KW
         KBN, CBI = g.K // b, g.C // cb
-        KT, KTW = KBN // m, m * b                # items' channel tiles; lanes of one tile
+        KT, KTW = -(-KBN // m), m * b            # items' channel tiles (the last ends at block KBN); lanes
         RG = -(-g.OH // G)
         G = -(-g.OH // RG)                       # no empty group
         ring, BW = g.ring, g.BW
-        rowsz = BW * b
-        blk = ring * rowsz                       # one block's ring
+        rowsz = BW * KTW                         # a ring row: its columns' KTW channels, contiguous
         xs = strides(physical_shape((g.N, g.C, g.XH, g.XW), (cb, g.hin)))
         out = wl.outputs[0]
         os_ = strides(physical_shape(out.shape, out.layout))
@@ -239,13 +256,13 @@ class ExpandDepthwise(Template):
         body = [item.loop(g.N * KT * G),
                 *item.take("grp", G),
                 *item.last("kt", KT, "n"),
-                f"    kb0 = kt * {m}",
-                f"    ring = stack_empty({m * blk}, np.float32)",
-                f"    for q in range({m * ring}):"]
+                f"    kb0 = {shifted_start(f'kt * {m}', KBN, m)}",
+                f"    ring = stack_empty({ring * rowsz}, np.float32)",
+                f"    for q in range({ring}):"]
         # the padding columns of every ring row: zeros, once per item
         for c in [*range(g.pl), *range(g.pl + g.W, BW)]:
-            body += [f"        for j in range({b}):",
-                     f"            ring[np.uintp(q * {rowsz} + {c * b}) + np.uintp(j)] = {zero}"]
+            body += [f"        for j in range({KTW}):",
+                     f"            ring[np.uintp(q * {rowsz} + {c * KTW}) + np.uintp(j)] = {zero}"]
         body += [f"    oh_a = grp * {RG}",
                  f"    oh_b = min(oh_a + {RG}, {g.OH})",
                  f"    have = oh_a * {g.sh} - {g.pt + 1}",
@@ -254,11 +271,10 @@ class ExpandDepthwise(Template):
                  "    for oh in range(oh_a, oh_b):",
                  f"        ih0 = oh * {g.sh} - {g.pt}",
                  f"        for r in range(max(have + 1, ih0), ih0 + {ring}):",
-                 f"            sb = np.uintp(((r + {g.pt}) % {ring}) * {rowsz} + {g.pl * b})",
+                 f"            sb = np.uintp(((r + {g.pt}) % {ring}) * {rowsz} + {g.pl * KTW})",
                  f"            if r < 0 or r >= {g.H}:",
-                 f"                for mb in range({m}):",
-                 f"                    for q in range({g.W * b}):",
-                 f"                        ring[sb + np.uintp(mb * {blk} + q)] = {zero}",
+                 f"                for q in range({g.W * KTW}):",
+                 f"                    ring[sb + np.uintp(q)] = {zero}",
                  "                continue"]
         # the 1x1 conv of row r, the tile's m blocks of channels, into the ring
         NT1 = -(-g.W // OWT)
@@ -295,34 +311,52 @@ class ExpandDepthwise(Template):
                                         ["n", (f"kb0 + {mb}", "j", b), "r", f"w0 + {q}"],
                                         wl.spec(f"v{d - 1}").shape, np.float32, "v0", var=f"e{q}_", unsigned=True)
                 body += [f"{p}        {ln}" for ln in lines]
-                body += [f"{p}        ring[sb + np.uintp({mb * blk} + w0 * {b} + {q * b}) + np.uintp(j)] = {final}"]
-        # the depthwise conv of output row oh from the ring, block by block
+                body += [f"{p}        ring[sb + np.uintp(w0 * {KTW} + {q * KTW + mb * b}) + np.uintp(j)] = {final}"]
+        # the depthwise conv of output row oh from the ring, a lane loop per DWW channels of the tile
+        # (dw_lanes); where that spans blocks narrower than a vector the sums wait on the stack and
+        # the epilogue and stores run block by block (a block's lanes are contiguous in the output)
         NT2 = -(-g.OW // T2)
-        init2 = f"bias2[np.uintp(kb * {b}) + np.uintp(j)]" if bias2 else zero
+        DWW = dw_lanes(b, m, target.current().lanes(4))
+        mg = DWW // b                            # blocks per lane loop
         body += [f"        have = ih0 + {ring - 1}",
-                 f"        for mb in range({m}):",
-                 "            kb = kb0 + mb",
-                 *[f"            rr{kh} = np.uintp(mb * {blk} + ((ih0 + {kh * g.dh + g.pt}) % {ring}) * {rowsz})"
-                   for kh in range(KH)],
-                 f"            ob = np.uintp(n * {os_[0]} + kb * {os_[1]} + (oh + {g.hout}) * {os_[2]} + {g.hout * b})",
-                 f"            for t in range({NT2}):",
-                 f"                o0 = {shifted_start(f't * {T2}', g.OW, T2)}",
-                 f"                cb0 = np.uintp(o0 * {g.sw * b})",
-                 f"                for j in range({b}):",
-                 *[f"                    a{q} = {init2}" for q in range(T2)]]
-        p = " " * 20
-        for kh in range(KH):
-            for kw in range(KW):
-                body.append(f"{p}wk = w2[np.uintp(kb * {KH * KW * b} + {(kh * KW + kw) * b}) + np.uintp(j)]")
-                for q in range(T2):
-                    body.append(f"{p}a{q} = a{q} + ring[rr{kh} + cb0 + np.uintp({(q * g.sw + kw * g.dw) * b}) "
-                                f"+ np.uintp(j)] * wk")
+                 *[f"        rr{kh} = np.uintp(((ih0 + {kh * g.dh + g.pt}) % {ring}) * {rowsz})" for kh in range(KH)],
+                 f"        for t in range({NT2}):",
+                 f"            o0 = {shifted_start(f't * {T2}', g.OW, T2)}",
+                 f"            cb0 = np.uintp(o0 * {g.sw * KTW})"]
+        if mg > 1:
+            body.append(f"            dws = stack_empty({T2 * DWW}, np.float32)")
         ops2 = wl.ops[d + 1:]
-        for q in range(T2):
-            lines, final = epilogue(wl, ops2, f"a{q}", ["n", ("kb", "j", b), "oh", f"o0 + {q}"], out.shape,
-                                    np.float32, f"v{d}", var=f"f{q}_", unsigned=True)
-            body += [p + ln for ln in lines]
-            body.append(f"{p}out0[ob + np.uintp(o0 * {b} + {q * b}) + np.uintp(j)] = {final}")
+
+        def block_base(pad, kb):              # output block kb's row at the tile
+            return [f"{pad}kb = {kb}", f"{pad}ob = np.uintp(n * {os_[0]} + kb * {os_[1]} + (oh + {g.hout}) * "
+                                       f"{os_[2]} + {g.hout * b} + o0 * {b})"]
+
+        def stores(pad, values):              # lane j of the block's T2 pixels, through the epilogue
+            lines = []
+            for q in range(T2):
+                eps, final = epilogue(wl, ops2, values(q), ["n", ("kb", "j", b), "oh", f"o0 + {q}"], out.shape,
+                                      np.float32, f"v{d}", var=f"f{q}_", unsigned=True)
+                lines += [pad + ln for ln in eps] + [f"{pad}out0[ob + np.uintp({q * b}) + np.uintp(j)] = {final}"]
+            return lines
+        for gi in range(KTW // DWW):
+            p = " " * 12
+            if mg == 1:
+                body += block_base(p, f"kb0 + {gi}")
+            lane = f"np.uintp({gi * DWW}) + np.uintp(j)"
+            init2 = f"bias2[np.uintp(kb0 * {b}) + {lane}]" if bias2 else zero
+            body += [f"{p}for j in range({DWW}):", *[f"{p}    a{q} = {init2}" for q in range(T2)]]
+            for kh in range(KH):
+                for kw in range(KW):
+                    body.append(f"{p}    wk = w2[np.uintp(kt * {KH * KW * KTW} + {(kh * KW + kw) * KTW}) + {lane}]")
+                    body += [f"{p}    a{q} = a{q} + ring[rr{kh} + cb0 + np.uintp({(q * g.sw + kw * g.dw) * KTW}) "
+                             f"+ {lane}] * wk" for q in range(T2)]
+            if mg == 1:
+                body += stores(p + "    ", lambda q: f"a{q}")
+            else:
+                body += [f"{p}    dws[{q * DWW} + j] = a{q}" for q in range(T2)]
+                for mb in range(mg):
+                    body += [*block_base(p, f"kb0 + {gi * mg + mb}"), f"{p}for j in range({b}):",
+                             *stores(p + "    ", lambda q, mb=mb: f"dws[{q * DWW + mb * b} + j]")]
 
         extra = [k for k in epilogue_inputs(ops2) if k != x_arg]
         args = ["out0", X, "w1"] + (["bias1"] if bias1 else []) + ["w2"] + (["bias2"] if bias2 else [])
@@ -333,9 +367,12 @@ class ExpandDepthwise(Template):
         b2_arg = int(dw_.args[2][1:]) if bias2 else None
         def pack(consts):
             flat = lambda a: np.ascontiguousarray(a, dtype=np.float32).reshape(-1)  # noqa: E731
-            w1 = np.asarray(consts[w1_arg], np.float32).reshape(KT, KTW, CBI, cb, g.KH1, g.KW1)
-            res = {"w1": flat(w1.transpose(0, 2, 4, 5, 3, 1)),            # [K/(m b), C/cb, KH1, KW1, cb, m b]
-                   "w2": flat(np.asarray(consts[w2_arg], np.float32).reshape(KBN, b, KH, KW).transpose(0, 2, 3, 1))}
+            # each tile's channels, the last tile's ending at the last block
+            chans = np.array([min(t * m, KBN - m) * b + j for t in range(KT) for j in range(KTW)])
+            w1 = np.asarray(consts[w1_arg], np.float32)[chans].reshape(KT, KTW, CBI, cb, g.KH1, g.KW1)
+            w2 = np.asarray(consts[w2_arg], np.float32)[chans].reshape(KT, KTW, KH, KW)
+            res = {"w1": flat(w1.transpose(0, 2, 4, 5, 3, 1)),            # [tiles, C/cb, KH1, KW1, cb, m b]
+                   "w2": flat(w2.transpose(0, 2, 3, 1))}                  # [tiles, KH, KW, m b]
             if bias1:
                 res["bias1"] = flat(consts[b1_arg])
             if bias2:
