@@ -62,6 +62,18 @@ class Target:
         """Independent accumulators that keep the FMA pipes busy (fewer leave them idle)."""
         return self.fma_pipes * self.fma_latency
 
+    def tile_fits(self, pixels: int, vectors: int) -> bool:
+        """Whether a register tile of `pixels` x `vectors` accumulators (a broadcast input times
+        `vectors` weight vectors per pixel) fits the registers: its accumulators, its weight vectors
+        twice over (LLVM loads the next input channel's while the FMAs of this one run) and, without
+        AVX-512's broadcast operand, the broadcast input. On AVX2 the tiles past 16 all spilled, 2-3x
+        slower (conv2d's 8 x 1 accumulators with 4 weight vectors: 48 stack accesses in the loop;
+        conv_generic's 6 x 2: 1.7x), and no conv2d task's best on AVX-512 (115 of five models)
+        needed more than 30 of 32."""
+        acc = pixels * vectors
+        return acc <= self.max_tile_vectors and \
+            acc + 2 * vectors + (0 if self.broadcast_in_fma else 1) <= self.vector_registers
+
     @property
     def broadcast_in_fma(self) -> bool:
         """Whether an FMA reads a broadcast scalar straight from memory (AVX-512's embedded

@@ -185,6 +185,31 @@ def test_padded_tiles_within_groups_of_8_times_odd_channels():
         assert cfg["vector_axis"] == "oc" and cfg["tile_oc"] == (32 if isa == "avx512" else PAIR), (isa, cfg)
 
 
+@pytest.mark.parametrize("shape,w,group", [([1, 16, 4, 10, 14], [32, 16, 3, 3, 3], 1),
+                                           ([1, 128, 6, 16], [128, 8, 3, 3], 16)])
+def test_generic_channel_tiles_fit_the_target(shape, w, group):
+    """An "oc" tile's default holds up to two vectors of channels per pixel and at least the
+    accumulators that keep the FMA pipes busy, within the registers its weights and broadcast leave
+    (AVX2 took 32 channels - four vectors - for one pixel: a 3-d conv ran 2x slower so); on AVX-512
+    32 channels x 7 pixels, as before. The kernel agrees with the reference."""
+    from modelc import target
+    isas = {"avx2": target.Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads=2),
+            "avx512": target.Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl",
+                                                  threads=2)}
+    wl = conv_wl(shape, w, group=group, pads=[1] * (2 * (len(shape) - 2)))
+    for isa, tg in isas.items():
+        with target.use(tg):
+            t = template.select(wl)
+            cfg = t.default_config(wl, t.space(wl))
+            lanes = tg.lanes(4)
+            vectors = -(-cfg["tile_oc"] // lanes)
+            assert cfg["vector_axis"] == "oc" and vectors <= 2 and tg.tile_fits(cfg["tile_ow"], vectors), (isa, cfg)
+            assert cfg["tile_ow"] * vectors >= tg.accumulators_in_flight, (isa, cfg)
+            if isa == "avx512" and group == 1:
+                assert (cfg["tile_oc"], cfg["tile_ow"]) == (32, 7), cfg
+    check(wl, "conv_generic")
+
+
 def test_generic_random_configs():
     check(GENERIC["grouped_blocked"][0](), "conv_generic", n_random=2, seed=3)
 

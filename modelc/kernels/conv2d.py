@@ -97,7 +97,7 @@ class Conv2d(Template):
     def space(self, wl: Workload) -> ConfigSpace:
         g = conv_geometry(wl)
         tg = target.current()
-        lanes, most = tg.lanes(4), tg.max_tile_vectors
+        lanes = tg.lanes(4)
         sp = ConfigSpace()
         sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.OW] or [g.OW])
         # m output blocks per tile (up to 4 vectors); when m does not divide the blocks the last
@@ -118,19 +118,11 @@ class Conv2d(Template):
         order_moot = g.KH == 1 or g.C // g.cb == 1
         unroll_moot = g.KW == 1 or padding_share(g) > BOUNDED_TAPS
 
-        # registers a tile holds: its accumulators, its weight vectors twice over (LLVM loads the
-        # next input channel's while the FMAs of this one run) and, without AVX-512's broadcast
-        # operand, the broadcast input. On AVX2 the tiles past 16 all spilled, 2-3x slower (8 x 1
-        # accumulators with 4 weight vectors: 48 stack accesses in the loop; ResNet-18's 7x7 conv),
-        # and no task's best on AVX-512 (115 of five models) needed more than 30 of 32.
-        extra = 0 if tg.broadcast_in_fma else 1
-
         def valid(cfg):
             if order_moot and cfg["reduction_order"][0] != "c" or unroll_moot and cfg["unroll_kw"]:
                 return False
-            wvec = -(-cfg["tile_oc_blocks"] * kb // lanes)
-            acc = cfg["tile_ow"] * cfg["tile_oh"] * wvec
-            return acc <= most and acc + 2 * wvec + extra <= tg.vector_registers
+            # (tile_fits: registers for the tile's accumulators, weight vectors and broadcast)
+            return tg.tile_fits(cfg["tile_ow"] * cfg["tile_oh"], -(-cfg["tile_oc_blocks"] * kb // lanes))
         sp.constraint = valid
         return sp
 

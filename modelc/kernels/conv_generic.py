@@ -99,7 +99,8 @@ class ConvGeneric(Template):
     def space(self, wl: Workload) -> ConfigSpace:
         g = _geometry(wl)[0]
         tg = target.current()
-        floats = tg.lanes(4) * tg.max_tile_vectors      # a register tile's elements (counted as float32)
+        lanes = tg.lanes(4)
+        floats = lanes * tg.max_tile_vectors      # a register tile's elements (counted as float32)
         ow = g.OW // (g.strides[-1] if g.transpose else 1)        # a transposed row runs per phase
         sp = ConfigSpace()
         owts = sorted({t for t in OWT_CANDIDATES if t <= ow} | ({ow} if ow <= 128 else set()))
@@ -118,7 +119,7 @@ class ConvGeneric(Template):
             if cfg["vector_axis"] == "ow":
                 return cfg["tile_oc"] <= 8 and cfg["tile_ow"] * cfg["tile_oc"] <= 1024
             return cfg["tile_oc"] >= 8 and cfg["tile_ow"] <= OC_MAX_OWT and \
-                cfg["tile_ow"] * cfg["tile_oc"] <= floats
+                cfg["tile_ow"] * cfg["tile_oc"] <= floats and tg.tile_fits(cfg["tile_ow"], -(-cfg["tile_oc"] // lanes))
         sp.constraint = valid
         return sp
 
@@ -133,15 +134,24 @@ class ConvGeneric(Template):
             tg = target.current()
             lanes = tg.lanes(4)
             padded = [m for m in space.knobs[1].values if m > PAIR and g.Kg % m]
-            oct_ = max(m for m in space.knobs[1].values if m <= 32 and m not in padded)
+            # up to two vectors of channels per pixel (32 on AVX-512, 16 on AVX2), as conv2d: on
+            # AVX2 32 channels were four vectors and one pixel per tile, and a 3-d conv 128 -> 128
+            # on 8x28x28 ran 0.49 of that time in 4 pixels x 2 vectors (AMD EPYC Zen 4 compiling
+            # for AVX2; 6 pixels spilled: 0.84)
+            oct_ = max([m for m in space.knobs[1].values if 8 <= m <= max(2 * lanes, 16) and m not in padded]
+                       or [m for m in space.knobs[1].values if m not in padded])
             if oct_ == PAIR and g.Kg % PAIR and padded and lanes > PAIR // 2:
                 # a pair tile's halves are half vectors here, so each of its FMAs blends two
                 # groups' inputs; a group's own tiles win (RegNetY-8GF's 3x3 over 4 groups of 56 on
                 # 56x56: 6.6 ms as pairs, 4.0 in tiles of 32 channels, onnxruntime 4.0; AMD EPYC Zen 4)
                 oct_ = min(padded)
-            # about half the accumulator registers (14 vectors on AVX-512), within all of them
-            want = min(tg.max_tile_vectors // 2 * lanes // oct_, OC_MAX_OWT)
-            fit = [t for t in owts if t <= OC_MAX_OWT and t * oct_ <= tg.max_tile_vectors * lanes] or owts[:1]
+            # about half the accumulator registers (14 vectors on AVX-512), never fewer than keep
+            # the FMA pipes busy (8 on AVX2, whose half is 6), and a tile that leaves the registers
+            # its weight vectors and broadcast need (tile_fits)
+            vectors = -(-oct_ // lanes)
+            want = min(max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // vectors, OC_MAX_OWT)
+            fit = [t for t in owts if t <= OC_MAX_OWT and t * oct_ <= tg.max_tile_vectors * lanes
+                   and tg.tile_fits(t, vectors)] or owts[:1]
             owt = min(fit, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
             return space.from_values({"tile_ow": owt, "tile_oc": oct_, "vector_axis": "oc",
                                       "unroll_kw": 1 < g.KW <= 7, "stage_row": space.knobs[4].values[0]})

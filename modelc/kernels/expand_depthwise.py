@@ -169,14 +169,12 @@ class ExpandDepthwise(Template):
         sp.define_knob("tile_dw", _with_row(DW_CANDIDATES, g.OW) or [1])
         sp.define_knob("row_groups", [r for r in GROUP_CANDIDATES if r <= g.OH])
         most = tg.vector_registers // 2            # depthwise accumulators (the rest: weights, inputs)
-        extra = 0 if tg.broadcast_in_fma else 1
 
         def valid(cfg):
             dvec = -(-dw_lanes(g.b, cfg["tile_oc_blocks"], lanes) // lanes)
             wvec = -(-cfg["tile_oc_blocks"] * g.b // lanes)      # a tile's channels are contiguous
-            acc = cfg["tile_ow"] * wvec
-            return acc <= tg.max_tile_vectors and acc + 2 * wvec + extra <= tg.vector_registers and \
-                cfg["tile_dw"] * dvec <= most and cfg["tile_dw"] * g.KH * g.KW <= MAX_TAPS and \
+            return tg.tile_fits(cfg["tile_ow"], wvec) and cfg["tile_dw"] * dvec <= most and \
+                cfg["tile_dw"] * g.KH * g.KW <= MAX_TAPS and \
                 cfg["tile_oc_blocks"] * g.ring * g.BW * g.b <= MAX_RING_FLOATS
         sp.constraint = valid
         return sp
