@@ -62,6 +62,33 @@ def test_every_variant_matches_the_reference(case):
     assert tried == set(space.knobs[0].values)
 
 
+def test_channels_past_the_stack_are_transformed_in_chunks():
+    """1,024 input channels: their transformed tiles (36 x tiles x C floats) outgrow the stack for
+    groups of 2+ tiles, so the default takes "chunks" of the blocks, which divide them; every chunked
+    config agrees with the reference, and with fewer channels "chunks" is not offered twice over."""
+    from modelc.kernels.winograd import _chunk
+    from modelc.kernels.conv_geometry import conv_geometry
+    wl = conv2d_wl(C=1024, H=8, W=8, K=32, k=3, s=1, p=1, hin=1, hout=0)
+    space = WINO.space(wl)
+    default = WINO.default_config(wl, space)
+    g = conv_geometry(wl)
+    if default["tile_tiles"] > 1:
+        assert default["transform"] == "chunks", default
+    chunked = [c for c in (space.from_values(dict(default.values, tile_size=m, tile_tiles=tt, transform="chunks"))
+                           for m in space.knobs[0].values for tt in space.knobs[1].values) if space.is_valid(c)]
+    assert chunked
+    for cfg in chunked[:3]:
+        kt = cfg["tile_oc_blocks"] * g.KB
+        d = _chunk(g, (cfg["tile_size"] + 2) ** 2, cfg["tile_tiles"], kt)
+        assert 1 < d < g.C // g.cb and (g.C // g.cb) % d == 0, (cfg, d)
+        got, want, _, _ = testing.run(wl, WINO, cfg)
+        assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+    small = conv2d_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0)
+    sp = WINO.space(small)
+    assert not any(sp.is_valid(sp.from_values(dict(WINO.default_config(small, sp).values, transform="chunks",
+                                                   tile_tiles=tt))) for tt in sp.knobs[1].values)
+
+
 def test_a_batch_of_two_images():
     j = conv2d_wl(C=16, H=9, W=9, K=16, k=3, s=1, p=1, hin=1, hout=1, residual=True).json
     for t in j["inputs"][:1] + j["inputs"][-1:] + j["outputs"]:   # the image, the residual, the output
@@ -136,6 +163,20 @@ def test_without_records_compile_runs_winograd_where_it_always_won(tmp_path, hw,
     x = np.random.default_rng(1).standard_normal((1, 16, hw, hw)).astype(np.float32)
     ref = modelc.reference.run(modelc.from_onnx(path), {"x": x})["y"]
     assert np.abs(mod(x) - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_untuned_winograd_where_its_weights_stream_over_enough_tiles():
+    """Transformed weights past a few last-level caches lose to the direct conv on few tiles and win
+    on many: 2048 -> 512 channels (144 MiB, 4.5 L3s of 32 MiB) on 28x28 (49 tiles) runs Winograd
+    untuned, on 14x14 (16 tiles) the direct conv; 512 -> 512 (36 MiB) takes Winograd on both."""
+    import dataclasses
+    from modelc import target
+    tg = dataclasses.replace(target.current(), l3_bytes=32 << 20)
+    with target.use(tg):
+        for c, k, hw, want in ((2048, 512, 28, True), (2048, 512, 14, False), (512, 512, 14, True),
+                               (2048, 2048, 28, False)):
+            wl = conv2d_wl(C=c, H=hw, W=hw, K=k, k=3, s=1, p=1, hin=1, hout=0)
+            assert WINO.preferred(wl) == want, (c, k, hw)
 
 
 def test_a_record_of_the_direct_conv_alone_does_not_replace_untuned_winograd(tmp_path):

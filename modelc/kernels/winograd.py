@@ -23,11 +23,15 @@ ResNet-18's and SqueezeNet 1.1's 3x3 convs ran 1.6-2.8x faster so on AMD EPYC Ze
 and compiled for AVX2 alike (a multiply count 3-4x smaller; the direct conv was already at 220
 GFLOP/s). On 7 x 7 outputs (4 tiles, too few for a register tile of tiles) it ran 1.6x slower on
 AVX-512 and level on AVX2, so there the direct conv stays, as TVM's x86 strategy and oneDNN keep it.
-Nor where the transformed weights (36 floats per channel pair) outgrow the last-level cache by far:
-streamed from memory again for every group of tiles, they made it lose where the direct conv reuses
-its weights across a row. AMD EPYC Zen 4, L3 32 MiB, against the direct conv's default: 512 x 384 and
-512 x 512 channels (20-36 MiB) 0.53-0.55 on 14x14 and 28x28, 1024 -> 512 (72 MiB) 0.66 on 28x28,
-2048 -> 512 (144 MiB, FCN-ResNet50's head) 1.45 on 28x28 and 2.4 on 14x14.
+Nor where the transformed weights (36 floats per channel pair) outgrow the last-level cache by far
+over few tiles: streamed from memory again for every group of tiles, they made it lose where the
+direct conv reuses its weights across a row. AMD EPYC Zen 4, L3 32 MiB, against the direct conv's
+default: 512 x 384 and 512 x 512 channels (20-36 MiB) 0.53-0.55 on 14x14 and 28x28; with input
+channels past the stack transformed in chunks (FCN-ResNet50's head had carried its sums through
+memory every 8-16 channels), 1024 -> 512 (72 MiB) 0.49 on 28x28 (0.61 compiled for AVX2),
+2048 -> 512 (144 MiB, FCN-ResNet50's head) 0.77 on 28x28 (AVX2: 0.46) but 1.03 on 14x14 (0.96),
+2048 -> 2048 on 14x14 (576 MiB) 1.31 (0.99). So the bound is 3 L3s, 6 where the output has 32
+tiles or more.
 """
 from __future__ import annotations
 
@@ -58,7 +62,9 @@ MATRICES = {
 TT_CANDIDATES = [1, 2, 3, 4, 6, 8, 12, 16]
 PREFERRED_TILES = 16            # 4 x 4 output tiles per image from which untuned modules run Winograd
 PREFERRED_CHANNELS = 16
-PREFERRED_WEIGHTS_L3 = 3        # ... and while the transformed weights fit in 3 L3s (the docstring)
+PREFERRED_WEIGHTS_L3 = 3        # ... and while the transformed weights fit in 3 L3s (the docstring),
+PREFERRED_WEIGHTS_L3_WIDE = 6   # 6 from WIDE_TILES tiles up
+WIDE_TILES = 32
 MAX_STACK_FLOATS = 64 << 10          # 256 KB of stack per item: far below any thread's stack
 
 
@@ -81,6 +87,16 @@ def _lin(row, names) -> str:
 
 
 _LAST_TRANSFORM: list = []       # [(key, U)]: the last transform, for the next candidate
+
+
+def _chunk(g, a2: int, tt: int, kt: int) -> int:
+    """Blocks of input channels the "chunks" transform takes at a time: the most that divide the
+    blocks and whose transformed tiles fit the stack beside the sums. FCN-ResNet50's head (2048 ->
+    512 on 28x28) cannot hold all channels' tiles on the stack, and per block it carried its sums
+    through memory after every 8-16 channels."""
+    cblk = g.C // g.cb
+    room = MAX_STACK_FLOATS - a2 * tt * kt - tt * kt
+    return max([d for d in range(1, cblk + 1) if cblk % d == 0 and a2 * tt * d * g.cb <= room] or [0])
 
 
 def transformed_weights(w: np.ndarray, m: int) -> np.ndarray:
@@ -123,9 +139,10 @@ class Conv2dWinograd(Template):
     def preferred(self, wl: Workload) -> bool:
         """Run untuned where the direct conv always lost (the module docstring's measurements)."""
         g = conv_geometry(wl)
-        weights = 36 * g.C * g.K * 4
-        return _tiles(g, 4)[2] >= PREFERRED_TILES and min(g.C, g.K) >= PREFERRED_CHANNELS and \
-            weights <= PREFERRED_WEIGHTS_L3 * target.current().l3_bytes
+        weights = 36 * g.C * g.K * 4 / target.current().l3_bytes
+        tiles = _tiles(g, 4)[2]
+        return tiles >= PREFERRED_TILES and min(g.C, g.K) >= PREFERRED_CHANNELS and \
+            weights <= (PREFERRED_WEIGHTS_L3_WIDE if tiles >= WIDE_TILES else PREFERRED_WEIGHTS_L3)
 
     def space(self, wl: Workload) -> ConfigSpace:
         g = conv_geometry(wl)
@@ -136,14 +153,17 @@ class Conv2dWinograd(Template):
         sp.define_knob("tile_tiles", [t for t in TT_CANDIDATES if t <= _tiles(g, 2)[2]])
         blocks = g.K // g.KB
         sp.define_knob("tile_oc_blocks", [b for b in (1, 2, 4) if b <= blocks and b * g.KB <= 4 * lanes])
-        sp.define_knob("transform", ["per_block", "all_channels"])
+        sp.define_knob("transform", ["per_block", "all_channels", "chunks"])
         sp.define_reorder("item_order", ["k", "tiles"], candidates=[["k", "tiles"], ["tiles", "k"]])
         kb, c = g.KB, g.C
 
         def ok(cfg):
             m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * kb
             a2 = (m + 2) ** 2
-            v = a2 * tt * (c if cfg["transform"] == "all_channels" else g.cb)
+            if cfg["transform"] == "chunks":          # (a chunk of one block or of all: the others)
+                v = 0 if 1 < _chunk(g, a2, tt, kt) < c // g.cb else MAX_STACK_FLOATS
+            else:
+                v = a2 * tt * (c if cfg["transform"] == "all_channels" else g.cb)
             return (tt * -(-kt // lanes) <= most and tt <= _tiles(g, m)[2]
                     and a2 * tt * kt + v + tt * kt <= MAX_STACK_FLOATS)
         sp.constraint = ok
@@ -169,7 +189,7 @@ class Conv2dWinograd(Template):
         tts = [t for t in space.knobs[1].values if t <= tiles and t * vectors <= tg.max_tile_vectors] or \
             space.knobs[1].values[:1]
         tt = min(tts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
-        for transform in ("all_channels", "per_block"):
+        for transform in ("all_channels", "chunks", "per_block"):
             c = space.from_values({"tile_size": m, "tile_tiles": tt, "tile_oc_blocks": blocks,
                                    "transform": transform, "item_order": ["k", "tiles"]})
             if space.is_valid(c):
@@ -212,9 +232,10 @@ class Conv2dWinograd(Template):
         x_arg = int(conv.args[0][1:])
         X = f"in{x_arg}"
         has_bias = len(conv.args) > 2 and bool(conv.args[2])
-        per_block = cfg["transform"] == "per_block"
-        VLEN = A2 * TT * (cb if per_block else C)
         ACC = A2 * TT * KT
+        # blocks of input channels transformed at a time: one, all, or as many as the stack holds
+        CC = {"per_block": 1, "all_channels": CBLK}.get(cfg["transform"]) or _chunk(g, A2, TT, KT)
+        VLEN = A2 * TT * CC * cb
 
         item = ParallelItem()
         if cfg["item_order"][0] == "k":
@@ -266,7 +287,7 @@ class Conv2dWinograd(Template):
             lines += [f"{pre}        rt[{t * KT} + j] += x{t} * wv" for t in range(TT)]
             return lines
 
-        if per_block:
+        if CC == 1:
             body += [f"    for q in range({ACC}):", "        acc[q] = np.float32(0.0)",
                      f"    for cbk in range({CBLK}):"]
             body += input_transform(8, cb, "0")
@@ -274,6 +295,20 @@ class Conv2dWinograd(Template):
                      f"            for q in range({TT * KT}):",
                      f"                rt[q] = acc[np.uintp(xi * {TT * KT} + q)]"]
             body += point_gemm(12, cb, cb, "0", f"cbk * {cb}")
+            body += [f"            for q in range({TT * KT}):",
+                     f"                acc[np.uintp(xi * {TT * KT} + q)] = rt[q]"]
+        elif CC < CBLK:
+            # chunks of CC blocks: the point GEMMs run over a chunk's channels, the sums carried on
+            # the stack from chunk to chunk (per_block carries them after every block's few channels)
+            body += [f"    for q in range({ACC}):", "        acc[q] = np.float32(0.0)",
+                     f"    for ch in range({CBLK // CC}):",
+                     f"        for cbl in range({CC}):",
+                     f"            cbk = ch * {CC} + cbl"]
+            body += input_transform(12, CC * cb, f"cbl * {cb}")
+            body += [f"        for xi in range({A2}):",
+                     f"            for q in range({TT * KT}):",
+                     f"                rt[q] = acc[np.uintp(xi * {TT * KT} + q)]"]
+            body += point_gemm(12, CC * cb, CC * cb, "0", f"ch * {CC * cb}")
             body += [f"            for q in range({TT * KT}):",
                      f"                acc[np.uintp(xi * {TT * KT} + q)] = rt[q]"]
         else:
