@@ -1,5 +1,6 @@
-"""RNN, GRU and LSTM written out over their sequence (frontend/recurrent.py), compiled, against
-onnxruntime's own kernels: every direction, layout, optional input and gate option."""
+"""RNN, GRU and LSTM (frontend/recurrent.py), compiled, against onnxruntime's own kernels: every
+direction, layout, optional input and gate option; the configurations PyTorch exports as one
+RecurrentSteps kernel per direction (kernels/recurrent.py), the others written out step by step."""
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -84,6 +85,35 @@ def test_gru_reset_before_or_after_the_product(lbr):
     _check(m, data)
 
 
+@pytest.mark.parametrize("op,attrs", [("LSTM", {"direction": "bidirectional"}),
+                                      ("GRU", {"linear_before_reset": 1, "direction": "reverse"}),
+                                      ("GRU", {"linear_before_reset": 0, "direction": "bidirectional"}),
+                                      ("RNN", {})])
+def test_default_layers_run_each_direction_in_one_kernel(op, attrs):
+    """Default activations, no clip, peepholes or sequence lengths (what PyTorch exports): each
+    direction's time loop is one RecurrentSteps op on the recurrent_steps template, with initial
+    states and every output, and agrees with onnxruntime."""
+    from modelc.extract import extract_tasks
+    d = 2 if attrs.get("direction") == "bidirectional" else 1
+    g = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
+    consts = {"W": _w(d, g * H, IN), "R": _w(d, g * H, H), "B": _w(d, 2 * g * H)}
+    data = {"X": _x(), "initial_h": _w(d, B, H), **({"initial_c": _w(d, B, H)} if op == "LSTM" else {})}
+    m = _model(op, {"hidden_size": H, **attrs}, consts, data, ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else []))
+    _check(m, data)
+    assert modelc.from_onnx(m).op_counts().get("RecurrentSteps") == d
+    assert [t.template for t in extract_tasks(m)].count("recurrent_steps") == d
+
+
+def test_a_sequence_longer_than_unrolling_allows_runs_as_one_kernel():
+    """3,000 steps of an LSTM would be 66,000 written-out nodes, past the limit; as one kernel it
+    compiles and agrees with onnxruntime (only the last state is an output here)."""
+    steps = 3000
+    consts = {"W": _w(1, 4 * H, IN), "R": _w(1, 4 * H, H) * 0.5, "B": _w(1, 8 * H)}
+    data = {"X": _w(steps, 1, IN)}
+    m = _model("LSTM", {"hidden_size": H}, consts, data, ["", "Y_h"])
+    _check(m, data)
+
+
 def test_activations_with_parameters_clip_and_coupled_gates():
     """LeakyRelu and HardSigmoid take activation_alpha/beta in the order they are listed; clip bounds
     every gate's input; input_forget couples the forget gate to the input gate."""
@@ -96,6 +126,7 @@ def test_activations_with_parameters_clip_and_coupled_gates():
     m = _model("RNN", {"hidden_size": H, "activations": ["Relu"]}, {"W": _w(1, H, IN), "R": _w(1, H, H)},
                data, ["", "Y_h"])
     _check(m, data)
+    assert "RecurrentSteps" not in modelc.from_onnx(m).op_counts()      # written out step by step
 
 
 def test_a_recurrent_layer_with_weights_of_the_wrong_shape_is_named():
@@ -112,3 +143,21 @@ def test_a_recurrent_layer_with_weights_of_the_wrong_shape_is_named():
                {"X": _x()}, ["Y"])
     with pytest.raises(ModelcError, match="hidden_size 0 is not a positive"):
         modelc.from_onnx(m)
+
+
+@pytest.mark.parametrize("attr,value", [("reverse", "abc"), ("reverse", 7), ("kind", "LSTMX"),
+                                        ("linear_before_reset", 2)])
+def test_a_crafted_recurrent_steps_workload_is_refused_by_name(attr, value):
+    """A tuning log or saved module is untrusted: a RecurrentSteps op with attributes modelc never
+    makes is refused when the document is validated, before any source is generated from it."""
+    import json
+    from modelc.extract import extract_tasks
+    from modelc.schema import DocumentError
+    from modelc.validate import check_workload
+    consts = {"W": _w(1, 3 * H, IN), "R": _w(1, 3 * H, H), "B": _w(1, 6 * H)}
+    m = _model("GRU", {"hidden_size": H}, consts, {"X": _x()}, ["Y", "Y_h"])
+    (task,) = [t for t in extract_tasks(m) if t.template == "recurrent_steps"]
+    wl = json.loads(json.dumps(task.workload))
+    wl["ops"][0]["attrs"][attr] = value
+    with pytest.raises(DocumentError, match="RecurrentSteps|attrs"):
+        check_workload(wl, "wl")

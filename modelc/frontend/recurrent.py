@@ -28,6 +28,7 @@ class _Cell:
 
     def __init__(self, ctx, node, dtype):
         self.ctx, self.node, self.dtype, self.acts = ctx, node, dtype, None
+        self.whole = False           # the steps as one RecurrentSteps op (recurrent() says when)
         self._consts = {}            # one constant per value, not one per step that reads it
 
     def c(self, value, hint):
@@ -121,11 +122,6 @@ def recurrent(ctx, node):
     for t, what in ((h0, "initial_h"), (c0, "initial_c")):
         _shape_of(ctx, node, t, (dirs, batch, hidden), what)
     _shape_of(ctx, node, p, (dirs, 3 * hidden), "P")
-    per_step = {"RNN": 6, "GRU": 16, "LSTM": 22}[op] + (4 if lens else 0)
-    ctx.unrolled += per_step * steps * dirs
-    if ctx.unrolled > MAX_UNROLLED_NODES:
-        raise ModelcError(f"{node.where()}: written out over {steps} steps it would exceed {MAX_UNROLLED_NODES} "
-                          "nodes; modelc compiles static graphs")
     if steps == 0:
         raise ModelcError(f"{node.where()}: its input {node.inputs[0]!r} has no time steps")
     lv = ctx.value(lens)
@@ -134,8 +130,18 @@ def recurrent(ctx, node):
                           "the input's steps")
     if lv is not None and np.all(np.asarray(lv) == steps):
         lens = ""                               # every sequence is whole: nothing to mask
-    lens = lens and cell.op("Cast", lens, to=7)  # (int64, once: every step compares with it)
     acts = _activations(node, {"RNN": 1, "GRU": 2, "LSTM": 3}[op], dirs)
+    # the configurations PyTorch exports run as one op per direction (ops/recurrent.py); the others
+    # are written out step by step
+    cell.whole = ctx.dtype(x) == np.float32 and not lens and not p and a.get("clip") is None and \
+        not a.get("input_forget", 0) and all([n for n, _, _ in acts[d]] == [n.lower() for n in DEFAULT_ACTIVATIONS[op]]
+                                              for d in range(dirs))
+    if not cell.whole:
+        ctx.unrolled += ({"RNN": 6, "GRU": 16, "LSTM": 22}[op] + (4 if lens else 0)) * steps * dirs
+        if ctx.unrolled > MAX_UNROLLED_NODES:
+            raise ModelcError(f"{node.where()}: written out over {steps} steps it would exceed "
+                              f"{MAX_UNROLLED_NODES} nodes; modelc compiles static graphs")
+    lens = lens and cell.op("Cast", lens, to=7)  # (int64, once: every step compares with it)
     ys, hs, cs = [], [], []
     for d in range(dirs):
         cell.acts = acts[d]
@@ -211,6 +217,12 @@ def _direction(ctx, node, cell, d, reverse, x, w, r, b, lens, h0, c0, p, hidden)
     if p:
         pd = cell.op("Gather", p, i64(d), axis=0)
         pi, po, pf = (cell.op("Slice", pd, i64([k * hidden]), i64([(k + 1) * hidden]), i64([0])) for k in range(3))
+    if cell.whole:
+        lbr = int(node.attrs.get("linear_before_reset", 0))
+        ins = [xw, rt, h, c if op == "LSTM" else "", rb_h or "", rt_h if op == "GRU" and not lbr else ""]
+        outs = ctx.emit("RecurrentSteps", ins, attrs={"kind": op, "reverse": int(reverse), "linear_before_reset": lbr},
+                        n_outputs=3 if op == "LSTM" else 2)
+        return outs[0], outs[1], (outs[2] if op == "LSTM" else c)
     clip = node.attrs.get("clip")
 
     def gate(v):

@@ -50,7 +50,8 @@ def _canonical_reshape(graph: Graph, node: Node):
         return
     src = node.inputs[0]
     p = graph.producer(src)
-    if p is not None and p.op_type == "Reshape" and only_consumer(graph, src) is node:
+    through = p is not None and p.op_type == "Reshape" and only_consumer(graph, src) is node
+    if through:
         src = p.inputs[0]
     if node.op_type == "Reshape" and src == node.inputs[0] and not node.attrs \
             and tuple(graph.value(node.inputs[1]).tolist()) == out.shape:
@@ -60,8 +61,9 @@ def _canonical_reshape(graph: Graph, node: Node):
     order = graph.nx.nodes[node.name]["order"]
     graph.remove_node(node.name, drop_outputs=False)
     graph.add_node(new, order)
-    if p is not None and src != p.outputs[0] and not graph.consumers(p.outputs[0]) \
-            and p.outputs[0] not in graph.outputs:
+    # the reshape read through (a multi-output producer's other outputs are not its to drop: an
+    # LSTM step op whose sequence output nobody read was removed with its last state)
+    if through and not graph.consumers(p.outputs[0]) and p.outputs[0] not in graph.outputs:
         graph.remove_node(p.name)
     if graph.tensors[src].shape == out.shape:
         forward(graph, new, src)
