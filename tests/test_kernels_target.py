@@ -143,7 +143,8 @@ def test_winograd_default_fits_the_registers(C, H, K, k, s):
     # tuned ResNet-18 tasks on AVX-512 (EPYC Zen 4) ended at 4 vectors of channels x 3-6 tiles,
     # input tiles of all channels transformed once per item
     assert cfg["tile_oc_blocks"] * choose_block(K) == 64 and cfg["tile_tiles"] == min(4, (-(-H // 4)) ** 2)
-    assert cfg["transform"] == ("all_channels" if C <= 256 else "per_block")     # (512: past the stack's 256 KB)
+    # (512: past the stack's 256 KB, so in chunks of as many channels as it holds)
+    assert cfg["transform"] == ("all_channels" if C <= 256 else "chunks")
 
 
 @pytest.mark.parametrize("C,H,s", MOBILENET_DW)
@@ -206,12 +207,16 @@ def test_avx2_defaults_compute_the_reference(wl, name):
 
 def test_untuned_winograd_stops_where_its_weights_outgrow_the_cache():
     """Winograd's transformed weights (36 floats per channel pair) are streamed again per group of
-    tiles: untuned modules take it while they fit in 3 L3s, whatever the L3 of the target is."""
+    tiles: untuned modules take it while they fit in 3 L3s, or 6 over 32 tiles or more, whatever the
+    L3 of the target is. 2048 -> 512 channels: 144 MiB transformed."""
     wino = template.get("conv2d_winograd")
-    wl = conv(2048, 28, 512)                                     # 144 MiB transformed
-    small = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f", threads=2, caches=(32 << 10, 1 << 20, 32 << 20))
-    big = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f", threads=2, caches=(32 << 10, 1 << 20, 64 << 20))
-    with target.use(small):
-        assert not wino.preferred(wl) and wino.preferred(conv(512, 28, 512))
-    with target.use(big):
-        assert wino.preferred(wl)
+
+    def tg(l3_mib):
+        return Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f", threads=2,
+                                    caches=(32 << 10, 1 << 20, l3_mib << 20))
+    with target.use(tg(16)):
+        assert not wino.preferred(conv(2048, 28, 512)) and wino.preferred(conv(512, 28, 512))
+    with target.use(tg(32)):         # FCN-ResNet50's head: 4.5 L3s over 49 tiles, but not over 16
+        assert wino.preferred(conv(2048, 28, 512)) and not wino.preferred(conv(2048, 14, 512))
+    with target.use(tg(64)):
+        assert wino.preferred(conv(2048, 14, 512))

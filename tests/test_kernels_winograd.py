@@ -165,20 +165,6 @@ def test_without_records_compile_runs_winograd_where_it_always_won(tmp_path, hw,
     assert np.abs(mod(x) - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
-def test_untuned_winograd_where_its_weights_stream_over_enough_tiles():
-    """Transformed weights past a few last-level caches lose to the direct conv on few tiles and win
-    on many: 2048 -> 512 channels (144 MiB, 4.5 L3s of 32 MiB) on 28x28 (49 tiles) runs Winograd
-    untuned, on 14x14 (16 tiles) the direct conv; 512 -> 512 (36 MiB) takes Winograd on both."""
-    import dataclasses
-    from modelc import target
-    tg = dataclasses.replace(target.current(), l3_bytes=32 << 20)
-    with target.use(tg):
-        for c, k, hw, want in ((2048, 512, 28, True), (2048, 512, 14, False), (512, 512, 14, True),
-                               (2048, 2048, 28, False)):
-            wl = conv2d_wl(C=c, H=hw, W=hw, K=k, k=3, s=1, p=1, hin=1, hout=0)
-            assert WINO.preferred(wl) == want, (c, k, hw)
-
-
 def test_a_record_of_the_direct_conv_alone_does_not_replace_untuned_winograd(tmp_path):
     """A log that never measured Winograd (one from before untuned modules ran it) says nothing
     against it: the module keeps Winograd's default; with a Winograd record too, the faster wins."""
