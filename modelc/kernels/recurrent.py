@@ -59,7 +59,7 @@ class RecurrentSteps(Template):
     def space(self, wl: Workload) -> ConfigSpace:
         sp = ConfigSpace()
         hid = wl.spec(wl.anchor.args[2]).shape[1]
-        sp.define_knob("k_unroll", [k for k in (4, 1, 2, 8) if k <= hid] or [1])
+        sp.define_knob("k_unroll", [k for k in (1, 2, 4, 8) if k <= hid])
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
