@@ -141,6 +141,15 @@ def recurrent(ctx, node):
         if ctx.unrolled > MAX_UNROLLED_NODES:
             raise ModelcError(f"{node.where()}: written out over {steps} steps it would exceed "
                               f"{MAX_UNROLLED_NODES} nodes; modelc compiles static graphs")
+    outs = list(node.outputs) + [""] * 3
+    if cell.whole:
+        y, states = _whole(ctx, node, cell, direction, x, w, r, b, h0, c0, hidden, dirs)
+        if outs[0]:
+            _emit_out(ctx, y, outs[0], [2, 0, 1, 3] if layout else None)
+        for s, out in zip(states, (outs[1], outs[2] if op == "LSTM" else "")):
+            if out:
+                _emit_out(ctx, s, out, [1, 0, 2] if layout else None)
+        return
     lens = lens and cell.op("Cast", lens, to=7)  # (int64, once: every step compares with it)
     ys, hs, cs = [], [], []
     for d in range(dirs):
@@ -151,7 +160,6 @@ def recurrent(ctx, node):
         hs.append(h)
         cs.append(c)
     axis1 = cell.ints([1])
-    outs = list(node.outputs) + [""] * 3
     if outs[0]:
         y = cell.op("Concat", *[cell.op("Unsqueeze", y, axis1) for y in ys], axis=1)     # [S, D, B, H]
         _emit_out(ctx, y, outs[0], [2, 0, 1, 3] if layout else None)
@@ -160,6 +168,39 @@ def recurrent(ctx, node):
             s = cell.op("Concat", *[cell.op("Unsqueeze", h, cell.ints([0])) for h in states],
                         axis=0)                                                          # [D, B, H]
             _emit_out(ctx, s, out, [1, 0, 2] if layout else None)
+
+
+def _whole(ctx, node, cell, direction, x, w, r, b, h0, c0, hidden, dirs):
+    """Every direction's steps as one RecurrentSteps op (ops/recurrent.py), its directions run side
+    by side; the input projection of all directions is one MatMul. Returns Y [S, D, B, H] and the
+    last states [D, B, H]."""
+    op, g = node.op_type, GATES[node.op_type]
+    steps, batch, width = ctx.shape(x)
+    i64 = cell.ints
+    gh = g * hidden
+    wt = cell.op("Transpose", cell.op("Reshape", w, i64([dirs * gh, width])), perm=[1, 0])   # [I, D gH]
+    xw = cell.op("MatMul", x, wt)                                                        # [S, B, D gH]
+    rb_h = ""
+    if b:
+        wb = cell.op("Slice", b, i64([0]), i64([gh]), i64([1]))
+        rb = cell.op("Slice", b, i64([gh]), i64([2 * gh]), i64([1]))                    # [D, gH]
+        if op == "GRU":     # the new gate's recurrent bias sits inside the reset gate's product
+            rb_h = cell.op("Slice", rb, i64([2 * hidden]), i64([3 * hidden]), i64([1]))
+            rb = cell.op("Concat", cell.op("Slice", rb, i64([0]), i64([2 * hidden]), i64([1])),
+                         cell.c(np.zeros((dirs, hidden)), "zeros"), axis=1)
+        xw = cell.op("Add", xw, cell.op("Reshape", cell.op("Add", wb, rb), i64([dirs * gh])))
+    xw = cell.op("Reshape", xw, i64([steps, batch, dirs, gh]))
+    lbr = int(node.attrs.get("linear_before_reset", 0)) if op == "GRU" else 0
+    rth = ""
+    if op == "GRU" and not lbr:
+        rth = cell.op("Transpose", cell.op("Slice", r, i64([2 * hidden]), i64([gh]), i64([1])), perm=[0, 2, 1])
+        r = cell.op("Slice", r, i64([0]), i64([2 * hidden]), i64([1]))
+    rt = cell.op("Transpose", r, perm=[0, 2, 1])                                         # [D, H, gH]
+    zeros = cell.c(np.zeros((dirs, batch, hidden)), "zeros")
+    ins = [xw, rt, h0 or zeros, (c0 or zeros) if op == "LSTM" else "", rb_h, rth]
+    outs = ctx.emit("RecurrentSteps", ins, attrs={"kind": op, "direction": direction, "linear_before_reset": lbr},
+                    n_outputs=3 if op == "LSTM" else 2)
+    return outs[0], outs[1:]
 
 
 def _emit_out(ctx, src, dst, perm):
@@ -217,12 +258,6 @@ def _direction(ctx, node, cell, d, reverse, x, w, r, b, lens, h0, c0, p, hidden)
     if p:
         pd = cell.op("Gather", p, i64(d), axis=0)
         pi, po, pf = (cell.op("Slice", pd, i64([k * hidden]), i64([(k + 1) * hidden]), i64([0])) for k in range(3))
-    if cell.whole:
-        lbr = int(node.attrs.get("linear_before_reset", 0))
-        ins = [xw, rt, h, c if op == "LSTM" else "", rb_h or "", rt_h if op == "GRU" and not lbr else ""]
-        outs = ctx.emit("RecurrentSteps", ins, attrs={"kind": op, "reverse": int(reverse), "linear_before_reset": lbr},
-                        n_outputs=3 if op == "LSTM" else 2)
-        return outs[0], outs[1], (outs[2] if op == "LSTM" else c)
     clip = node.attrs.get("clip")
 
     def gate(v):

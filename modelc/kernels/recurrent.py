@@ -1,9 +1,10 @@
-"""RecurrentSteps (ops/recurrent.py): an RNN, GRU or LSTM direction's whole time loop in one kernel.
+"""RecurrentSteps (ops/recurrent.py): an RNN, GRU or LSTM layer's whole time loop in one kernel.
 
 Written out step by step, a layer ran a GEMV kernel and a gate kernel per step, and each kernel in
 a module costs its threads a hand-off (about 2 us on 2 cores): a GRU of 96 units over 100 steps ran
-4.4 us a step against onnxruntime's 2.5. Here one parallel item per batch entry keeps its state on
-the stack and runs every step: the state's projection (h @ R^T, an axpy over rows of R^T, `k_unroll`
+4.4 us a step against onnxruntime's 2.5. Here one parallel item per direction and batch entry
+keeps its state on the stack and runs every step (a bidirectional layer's two directions run side
+by side on two threads): the state's projection (h @ R^T, an axpy over rows of R^T, `k_unroll`
 rows per pass over the gates, so each gate is loaded and stored once per k_unroll rows), then the
 gates, elementwise, written in place. R^T (at most a few MiB) stays in the core's caches from step
 to step. The sigmoid is modelc's (expr.emit), tanh a polynomial that vectorises (within 2.5 ulp of
@@ -24,7 +25,7 @@ MAX_STACK_FLOATS = 64 << 10     # state, cell and gates of one item on a thread'
 
 def _kind(wl: Workload):
     a = wl.anchor
-    return a.attrs.get("kind"), int(a.attrs.get("reverse", 0)), int(a.attrs.get("linear_before_reset", 0))
+    return a.attrs.get("kind"), a.attrs.get("direction", "forward"), int(a.attrs.get("linear_before_reset", 0))
 
 
 def _outputs(wl: Workload):
@@ -51,14 +52,15 @@ class RecurrentSteps(Template):
         specs = [wl.spec(r) for r in refs] + list(wl.outputs)
         if any(t.dtype != np.float32 or t.layout is not None for t in specs):
             return False
-        kind, _rev, _lbr = _kind(wl)
-        s, _b, gh = wl.spec(a.args[0]).shape
-        hid = wl.spec(a.args[2]).shape[1]
-        return kind in ("RNN", "GRU", "LSTM") and s >= 1 and 4 * hid + gh <= MAX_STACK_FLOATS
+        kind, direction, _lbr = _kind(wl)
+        s, _b, _d, gh = wl.spec(a.args[0]).shape
+        hid = wl.spec(a.args[2]).shape[2]
+        return kind in ("RNN", "GRU", "LSTM") and direction in ("forward", "reverse", "bidirectional") and \
+            s >= 1 and 5 * hid + gh <= MAX_STACK_FLOATS
 
     def space(self, wl: Workload) -> ConfigSpace:
         sp = ConfigSpace()
-        hid = wl.spec(wl.anchor.args[2]).shape[1]
+        hid = wl.spec(wl.anchor.args[2]).shape[2]
         sp.define_knob("k_unroll", [k for k in (1, 2, 4, 8) if k <= hid])
         return sp
 
@@ -67,10 +69,10 @@ class RecurrentSteps(Template):
 
     def build(self, wl: Workload, cfg) -> Kernel:
         a = wl.anchor
-        kind, reverse, lbr = _kind(wl)
-        S, B, GH = wl.spec(a.args[0]).shape
-        H = wl.spec(a.args[2]).shape[1]
-        GW = wl.spec(a.args[1]).shape[1]            # gates R^T projects to (a GRU's 2H without lbr)
+        kind, direction, lbr = _kind(wl)
+        S, B, D, GH = wl.spec(a.args[0]).shape
+        H = wl.spec(a.args[2]).shape[2]
+        GW = wl.spec(a.args[1]).shape[2]            # gates R^T projects to (a GRU's 2H without lbr)
         U = cfg["k_unroll"]
         arg = {k: f"in{int(r[1:])}" for k, r in enumerate(a.args) if r}
         XW, RT, H0 = arg[0], arg[1], arg[2]
@@ -89,36 +91,42 @@ class RecurrentSteps(Template):
             if full:
                 lines += [f"{ind}for k in range(0, {full}, {U}):",
                           *[f"{ind}    v{u} = {vec}[k + {u}]" for u in range(U)],
-                          f"{ind}    row = np.uintp(k * {width})",
+                          f"{ind}    row = np.uintp(d * {H * width} + k * {width})",
                           f"{ind}    for j in range({width}):",
                           f"{ind}        {dst}[j] += " + " + ".join(
                               f"{mat}[row + np.uintp({u * width}) + np.uintp(j)] * v{u}" for u in range(U))]
             if H % U:
                 lines += [f"{ind}for k in range({full}, {H}):",
                           f"{ind}    vk = {vec}[k]",
-                          f"{ind}    row = np.uintp(k * {width})",
+                          f"{ind}    row = np.uintp(d * {H * width} + k * {width})",
                           f"{ind}    for j in range({width}):",
                           f"{ind}        {dst}[j] += {mat}[row + np.uintp(j)] * vk"]
             return lines
 
-        body = [parallel_loop("b", B),
+        # item = (direction, batch entry); direction 1 of a bidirectional layer, or a reverse layer,
+        # runs from the last step
+        rev = {"forward": "0", "reverse": "1", "bidirectional": "d"}[direction]
+        body = [parallel_loop("it", D * B),
+                f"    d = it // {B}",
+                f"    b = it % {B}",
+                f"    st = np.uintp(it * {H})",             # the item's state in h0, c0, Y_h, Y_c
                 f"    h = stack_empty({H}, np.float32)",
                 f"    c = stack_empty({H}, np.float32)",
                 f"    g = stack_empty({GW}, np.float32)",
                 f"    z = stack_empty({H}, np.float32)",
                 f"    for j in range({H}):",
-                f"        h[j] = {H0}[np.uintp(b * {H}) + np.uintp(j)]",
-                f"        c[j] = {arg[3]}[np.uintp(b * {H}) + np.uintp(j)]" if kind == "LSTM" else
+                f"        h[j] = {H0}[st + np.uintp(j)]",
+                f"        c[j] = {arg[3]}[st + np.uintp(j)]" if kind == "LSTM" else
                 f"        c[j] = {f32}(0.0)",
                 f"    for s in range({S}):",
-                f"        t = {S - 1} - s" if reverse else "        t = s",
-                f"        xb = np.uintp((t * {B} + b) * {GH})"]
+                f"        t = s + {rev} * ({S - 1} - 2 * s)",
+                f"        xb = np.uintp(((t * {B} + b) * {D} + d) * {GH})"]
         body += gemv("g", "h", RT, GW, " " * 8)
         ind = " " * 8
 
         def x(k):                                 # gate k's input projection at unit j
             return f"{XW}[xb + np.uintp({k * H}) + np.uintp(j)]"
-        rb = f" + {arg[4]}[j]" if 4 in arg else ""
+        rb = f" + {arg[4]}[np.uintp(d * {H}) + np.uintp(j)]" if 4 in arg else ""
         if kind == "RNN":
             body += [f"{ind}for j in range({H}):", f"{ind}    h[j] = {tanh(f'({x(0)} + g[j])')}"]
         elif kind == "LSTM":
@@ -147,13 +155,13 @@ class RecurrentSteps(Template):
         pos = _outputs(wl)
         if 0 in pos:
             body += [f"{ind}for j in range({H}):",
-                     f"{ind}    out{pos.index(0)}[np.uintp((t * {B} + b) * {H}) + np.uintp(j)] = h[j]"]
+                     f"{ind}    out{pos.index(0)}[np.uintp(((t * {D} + d) * {B} + b) * {H}) + np.uintp(j)] = h[j]"]
         for p, src in ((1, "h"), (2, "c")):
             if p in pos:
                 body += [f"    for j in range({H}):",
-                         f"        out{pos.index(p)}[np.uintp(b * {H}) + np.uintp(j)] = {src}[j]"]
+                         f"        out{pos.index(p)}[st + np.uintp(j)] = {src}[j]"]
         if kind == "GRU" and not lbr:
-            body.insert(4, f"    gh = stack_empty({H}, np.float32)")
+            body.insert(5, f"    gh = stack_empty({H}, np.float32)")
         ins = sorted(arg)
         args = [f"out{k}" for k in range(len(pos))] + [arg[k] for k in ins]
         dtypes = [np.float32] * len(args)
