@@ -312,7 +312,13 @@ def _direction(ctx, node, cell, d, reverse, x, w, r, b, lens, h0, c0, p, hidden)
         some = cell.op("Unsqueeze", cell.op("Less", i64(0), lens), i64([1]))
         h, c = cell.op("Where", some, h, zeros), cell.op("Where", some, c, zeros)
     # [S*B, H] then [S, B, H]: each step's state is a contiguous part, which the concat can hold in place
-    y = cell.op("Reshape", cell.op("Concat", *[ys[t] for t in range(steps)], axis=0), i64([steps, batch, hidden]))
+    # (in concats of at most 256 parts: an injective kernel selects its part through an if/elif chain,
+    # and Python's parser refuses chains past about a thousand)
+    parts = [ys[t] for t in range(steps)]
+    while len(parts) > 1:
+        parts = [cell.op("Concat", *parts[k:k + 256], axis=0) if len(parts[k:k + 256]) > 1 else parts[k]
+                 for k in range(0, len(parts), 256)]
+    y = cell.op("Reshape", parts[0], i64([steps, batch, hidden]))
     if lens and reverse:
         y = _reverse_each(cell, y, lens, steps, batch)
     return y, h, c

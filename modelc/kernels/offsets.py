@@ -124,6 +124,19 @@ def _assigned(st) -> set:
     return out
 
 
+def _elif(st) -> bool:
+    return isinstance(st, ast.If) and len(st.orelse) == 1 and isinstance(st.orelse[0], ast.If)
+
+
+def _chain(st) -> list:
+    """An if/elif chain's If statements, walked rather than recursed into: a concat of 1,500 parts
+    (an LSTM's steps written out) is a chain that deep, past Python's recursion limit."""
+    out = [st]
+    while _elif(out[-1]):
+        out.append(out[-1].orelse[0])
+    return out
+
+
 def _bound(target, out: set):
     """The names an assignment target binds (a subscript or attribute binds none)."""
     if isinstance(target, ast.Name):
@@ -174,9 +187,11 @@ class _Pass:
         key = id(st)
         if key not in self.bound:
             if isinstance(st, (ast.For, ast.While, ast.If)):
-                out = _assigned(st)
-                for ch in st.body + st.orelse:
-                    out |= self.stores(ch)
+                out = set()
+                for s in _chain(st):
+                    out |= _assigned(s)
+                    for ch in s.body + (s.orelse if not _elif(s) else []):
+                        out |= self.stores(ch)
             elif isinstance(st, _SIMPLE):
                 out = _assigned(st)
             else:
@@ -187,8 +202,9 @@ class _Pass:
     def element(self, st, uses: list, pos: int):
         """The offsets in a block element (loops inside it are blocks of their own)."""
         if isinstance(st, ast.If):
-            for ch in st.body + st.orelse:
-                self.element(ch, uses, pos)
+            for s in _chain(st):
+                for ch in s.body + (s.orelse if not _elif(s) else []):
+                    self.element(ch, uses, pos)
             return
         if not isinstance(st, (ast.Assign, ast.AugAssign, ast.Expr)) or st.end_lineno != st.lineno \
                 or "np.uintp(" not in self.lines[st.lineno - 1]:
@@ -234,8 +250,9 @@ class _Pass:
             if st.orelse:
                 self.block(st.orelse)
         elif isinstance(st, ast.If):
-            for ch in st.body + st.orelse:
-                self.nested(ch)
+            for s in _chain(st):
+                for ch in s.body + (s.orelse if not _elif(s) else []):
+                    self.nested(ch)
 
     def indent(self, st) -> str:
         ln = self.lines[st.lineno - 1]
@@ -259,7 +276,7 @@ def share_offsets(lines: list) -> list:
         return lines
     try:
         tree = ast.parse(text)
-    except SyntaxError:
+    except (SyntaxError, RecursionError):
         return lines                        # numba will say what is wrong with it
     p = _Pass(lines)
     p.block(tree.body)
