@@ -79,3 +79,16 @@ def test_loops_are_blocks_of_their_own_and_other_indices_stay():
 def test_a_body_with_nothing_to_share_is_unchanged():
     body = ["for jj in range(4):", "    out0[np.uintp(jj)] = in0[jj]", "    if jj > 1:", "        out0[3] = 1.0"]
     assert share_offsets(body) == body
+
+
+def test_a_long_elif_chain_is_walked_not_recursed():
+    """A concat of many parts selects its part through an if/elif chain (the 1,500 steps of a
+    written-out LSTM): past Python's recursion limit, the pass failed with a RecursionError; it
+    walks the chain, and shares the offsets in each branch as in any block."""
+    n = 1200
+    lines = ["for i in range(lo, hi):"]
+    for k in range(n):
+        lines += [f"    {'if' if k == 0 else 'elif'} i < {k + 1}:",
+                  "        out0[np.uintp(i * 4 + 1)] = in0[np.uintp(i * 4 + 1)] + in0[np.uintp(i * 4 + 2)]"]
+    out = share_offsets(lines)
+    assert len(out) > len(lines) and out[-1].strip().startswith("out0[")
