@@ -124,17 +124,15 @@ def _assigned(st) -> set:
     return out
 
 
-def _elif(st) -> bool:
-    return isinstance(st, ast.If) and len(st.orelse) == 1 and isinstance(st.orelse[0], ast.If)
-
-
-def _chain(st) -> list:
-    """An if/elif chain's If statements, walked rather than recursed into: a concat of 1,500 parts
-    (an LSTM's steps written out) is a chain that deep, past Python's recursion limit."""
-    out = [st]
-    while _elif(out[-1]):
-        out.append(out[-1].orelse[0])
-    return out
+def _children(st) -> list:
+    """The statements a compound statement holds; an if/elif chain's branches are walked rather
+    than recursed into: a concat of 1,500 parts (an LSTM's steps written out) is a chain that deep,
+    past Python's recursion limit."""
+    out = list(st.body)
+    while isinstance(st, ast.If) and len(st.orelse) == 1 and isinstance(st.orelse[0], ast.If):
+        st = st.orelse[0]
+        out += st.body
+    return out + list(st.orelse)
 
 
 def _bound(target, out: set):
@@ -187,11 +185,9 @@ class _Pass:
         key = id(st)
         if key not in self.bound:
             if isinstance(st, (ast.For, ast.While, ast.If)):
-                out = set()
-                for s in _chain(st):
-                    out |= _assigned(s)
-                    for ch in s.body + (s.orelse if not _elif(s) else []):
-                        out |= self.stores(ch)
+                out = _assigned(st)
+                for ch in _children(st):
+                    out |= self.stores(ch)
             elif isinstance(st, _SIMPLE):
                 out = _assigned(st)
             else:
@@ -202,9 +198,8 @@ class _Pass:
     def element(self, st, uses: list, pos: int):
         """The offsets in a block element (loops inside it are blocks of their own)."""
         if isinstance(st, ast.If):
-            for s in _chain(st):
-                for ch in s.body + (s.orelse if not _elif(s) else []):
-                    self.element(ch, uses, pos)
+            for ch in _children(st):
+                self.element(ch, uses, pos)
             return
         if not isinstance(st, (ast.Assign, ast.AugAssign, ast.Expr)) or st.end_lineno != st.lineno \
                 or "np.uintp(" not in self.lines[st.lineno - 1]:
@@ -250,9 +245,8 @@ class _Pass:
             if st.orelse:
                 self.block(st.orelse)
         elif isinstance(st, ast.If):
-            for s in _chain(st):
-                for ch in s.body + (s.orelse if not _elif(s) else []):
-                    self.nested(ch)
+            for ch in _children(st):
+                self.nested(ch)
 
     def indent(self, st) -> str:
         ln = self.lines[st.lineno - 1]

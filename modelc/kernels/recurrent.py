@@ -17,7 +17,7 @@ import numpy as np
 from .expr import emit
 from .intrinsics import calls_polynomial
 from .space import ConfigSpace
-from .template import Kernel, Template, parallel_loop, register, source
+from .template import Kernel, Template, output_positions, parallel_loop, register, source
 from .workload import Workload
 
 MAX_STACK_FLOATS = 64 << 10     # state, cell and gates of one item on a thread's stack (256 KB)
@@ -28,23 +28,13 @@ def _kind(wl: Workload):
     return a.attrs.get("kind"), a.attrs.get("direction", "forward"), int(a.attrs.get("linear_before_reset", 0))
 
 
-def _outputs(wl: Workload):
-    """Positions (0 y, 1 last state, 2 last cell) of the workload's outputs, or None."""
-    pos = []
-    for v in wl.output_values:
-        if v not in ("v0", "v0.0", "v0.1", "v0.2"):
-            return None
-        pos.append(int(v[3:]) if "." in v else 0)
-    return pos if len(set(pos)) == len(pos) else None
-
-
 @register
 class RecurrentSteps(Template):
     name = "recurrent_steps"
 
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
-        if a.op != "RecurrentSteps" or len(wl.ops) != 1 or wl.epilogue or _outputs(wl) is None:
+        if a.op != "RecurrentSteps" or len(wl.ops) != 1 or wl.epilogue or output_positions(wl, 3) is None:
             return False
         refs = [r for r in a.args if r]
         if not all(r.startswith("i") for r in refs):
@@ -110,14 +100,13 @@ class RecurrentSteps(Template):
                 f"    d = it // {B}",
                 f"    b = it % {B}",
                 f"    st = np.uintp(it * {H})",             # the item's state in h0, c0, Y_h, Y_c
-                f"    h = stack_empty({H}, np.float32)",
-                f"    c = stack_empty({H}, np.float32)",
-                f"    g = stack_empty({GW}, np.float32)",
-                f"    z = stack_empty({H}, np.float32)",
+                # the state, the gates' projection, an LSTM's cell, a GRU's update gate and r * h's
+                *[f"    {name} = stack_empty({n}, np.float32)" for name, n in
+                  (("h", H), ("g", GW), ("c", H if kind == "LSTM" else 0), ("z", H if kind == "GRU" and not lbr else 0),
+                   ("gh", H if kind == "GRU" and not lbr else 0)) if n],
                 f"    for j in range({H}):",
                 f"        h[j] = {H0}[st + np.uintp(j)]",
-                f"        c[j] = {arg[3]}[st + np.uintp(j)]" if kind == "LSTM" else
-                f"        c[j] = {f32}(0.0)",
+                *([f"        c[j] = {arg[3]}[st + np.uintp(j)]"] if kind == "LSTM" else []),
                 f"    for s in range({S}):",
                 f"        t = s + {rev} * ({S - 1} - 2 * s)",
                 f"        xb = np.uintp(((t * {B} + b) * {D} + d) * {GH})"]
@@ -152,7 +141,7 @@ class RecurrentSteps(Template):
             body += [f"{ind}for j in range({H}):",
                      f"{ind}    gn = {tanh(f'({x(2)} + gh[j]{rb})')}",
                      f"{ind}    h[j] = ({f32}(1.0) - z[j]) * gn + z[j] * h[j]"]
-        pos = _outputs(wl)
+        pos = output_positions(wl, 3)       # (0 Y, 1 the last state, 2 the last cell)
         if 0 in pos:
             body += [f"{ind}for j in range({H}):",
                      f"{ind}    out{pos.index(0)}[np.uintp(((t * {D} + d) * {B} + b) * {H}) + np.uintp(j)] = h[j]"]
@@ -160,8 +149,6 @@ class RecurrentSteps(Template):
             if p in pos:
                 body += [f"    for j in range({H}):",
                          f"        out{pos.index(p)}[st + np.uintp(j)] = {src}[j]"]
-        if kind == "GRU" and not lbr:
-            body.insert(5, f"    gh = stack_empty({H}, np.float32)")
         ins = sorted(arg)
         args = [f"out{k}" for k in range(len(pos))] + [arg[k] for k in ins]
         dtypes = [np.float32] * len(args)

@@ -16,7 +16,7 @@ from .expr import ctor
 from .rows import default_rows, define_rows, finish, knob_values, store
 from .scan import column_geometry, column_loop, const_int
 from .space import ConfigSpace
-from .template import INT_OR_FLOAT, Kernel, Template, chain_ok, plain_anchor_input, register, source
+from .template import INT_OR_FLOAT, Kernel, Template, chain_ok, output_positions, plain_anchor_input, register, source
 from .workload import Workload
 
 MAX_K = 256
@@ -72,14 +72,7 @@ class Hardmax(_Columns):
 
 def _topk_outputs(wl: Workload):
     """Positions (0 values, 1 indices) of the workload's outputs, or None (an epilogue ...)."""
-    if wl.epilogue:
-        return None
-    pos = []
-    for v in wl.output_values:
-        if v not in ("v0.0", "v0.1", "v0"):
-            return None
-        pos.append(1 if v == "v0.1" else 0)
-    return pos if len(set(pos)) == len(pos) else None
+    return None if wl.epilogue else output_positions(wl, 2)
 
 
 @register

@@ -382,6 +382,15 @@ def plain_anchor_input(wl: Workload, ops, dtypes=("float32", "float64")):
 INT_OR_FLOAT = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
+def output_positions(wl: Workload, n: int) -> list | None:
+    """Which of the anchor's `n` outputs each workload output is ("v0" is the first, "v0.k" the
+    k-th: a multi-output op's workload holds only those read), or None when an output is
+    something else or repeats."""
+    names = {"v0": 0, **{f"v0.{k}": k for k in range(n)}}
+    pos = [names.get(v) for v in wl.output_values]
+    return pos if None not in pos and len(set(pos)) == len(pos) else None
+
+
 def epilogue_inputs(ops: list) -> list:
     """Workload input indices read by an epilogue."""
     return sorted({int(a[1:]) for op in ops for a in op.args if a.startswith("i")})
@@ -389,4 +398,4 @@ def epilogue_inputs(ops: list) -> list:
 
 __all__ = ["KERNEL_DTYPES", "FALLBACK_DTYPES", "unsupported_dtype", "Kernel", "Template", "TEMPLATES",
            "register", "select", "alternatives", "get", "source", "parallel_loop", "ParallelLoop", "epilogue",
-           "epilogue_inputs", "anchor_ref", "chain_ok", "broadcast_index", "ctor", "lit"]
+           "epilogue_inputs", "output_positions", "anchor_ref", "chain_ok", "broadcast_index", "ctor", "lit"]

@@ -160,8 +160,11 @@ class Conv2dWinograd(Template):
         def ok(cfg):
             m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * kb
             a2 = (m + 2) ** 2
-            if cfg["transform"] == "chunks":          # (a chunk of one block or of all: the others)
-                v = 0 if 1 < _chunk(g, a2, tt, kt) < c // g.cb else MAX_STACK_FLOATS
+            if cfg["transform"] == "chunks":
+                d = _chunk(g, a2, tt, kt)
+                if not 1 < d < c // g.cb:             # (a chunk of one block or of all: the others)
+                    return False
+                v = a2 * tt * d * g.cb
             else:
                 v = a2 * tt * (c if cfg["transform"] == "all_channels" else g.cb)
             return (tt * -(-kt // lanes) <= most and tt <= _tiles(g, m)[2]
@@ -287,28 +290,19 @@ class Conv2dWinograd(Template):
             lines += [f"{pre}        rt[{t * KT} + j] += x{t} * wv" for t in range(TT)]
             return lines
 
-        if CC == 1:
-            body += [f"    for q in range({ACC}):", "        acc[q] = np.float32(0.0)",
-                     f"    for cbk in range({CBLK}):"]
-            body += input_transform(8, cb, "0")
+        if CC < CBLK:
+            # a block (per_block) or a chunk of CC blocks at a time: the point GEMMs run over its
+            # channels, the sums carried on the stack from one to the next
+            body += [f"    for q in range({ACC}):", "        acc[q] = np.float32(0.0)"]
+            if CC == 1:
+                body += [f"    for cbk in range({CBLK}):", *input_transform(8, cb, "0")]
+            else:
+                body += [f"    for ch in range({CBLK // CC}):", f"        for cbl in range({CC}):",
+                         f"            cbk = ch * {CC} + cbl", *input_transform(12, CC * cb, f"cbl * {cb}")]
             body += [f"        for xi in range({A2}):",
                      f"            for q in range({TT * KT}):",
                      f"                rt[q] = acc[np.uintp(xi * {TT * KT} + q)]"]
-            body += point_gemm(12, cb, cb, "0", f"cbk * {cb}")
-            body += [f"            for q in range({TT * KT}):",
-                     f"                acc[np.uintp(xi * {TT * KT} + q)] = rt[q]"]
-        elif CC < CBLK:
-            # chunks of CC blocks: the point GEMMs run over a chunk's channels, the sums carried on
-            # the stack from chunk to chunk (per_block carries them after every block's few channels)
-            body += [f"    for q in range({ACC}):", "        acc[q] = np.float32(0.0)",
-                     f"    for ch in range({CBLK // CC}):",
-                     f"        for cbl in range({CC}):",
-                     f"            cbk = ch * {CC} + cbl"]
-            body += input_transform(12, CC * cb, f"cbl * {cb}")
-            body += [f"        for xi in range({A2}):",
-                     f"            for q in range({TT * KT}):",
-                     f"                rt[q] = acc[np.uintp(xi * {TT * KT} + q)]"]
-            body += point_gemm(12, CC * cb, CC * cb, "0", f"ch * {CC * cb}")
+            body += point_gemm(12, CC * cb, CC * cb, "0", f"{'cbk' if CC == 1 else 'ch'} * {CC * cb}")
             body += [f"            for q in range({TT * KT}):",
                      f"                acc[np.uintp(xi * {TT * KT} + q)] = rt[q]"]
         else:
