@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import numpy as np
 
@@ -233,15 +234,33 @@ def check_config(template: str, wl: dict, config, path: str, key: str | None = N
         at = (key, template, target.current())
         tpl, view, space = _spaces.get(at) or _spaces.setdefault(at, _space(template, wl, path))
     if config is None:
-        return tpl.default_config(view, space)
+        from .kernels.template import valid_default
+        return valid_default(tpl, view, space)
     if not isinstance(config, dict):
         _fail(f"{path}.config", f"expected an object of knob values, got {type(config).__name__}")
     for name in config:
         check_str(name, f"{path}.config", _IDENT)
     try:
-        return space.from_values(config)
+        cfg = space.from_values(config)
     except ModelcError as e:
         raise DocumentError(f"{path}.config: {e}") from None
+    if not _within(space, cfg):
+        raise OutsideSpace(f"{path}.config: {config} is outside template {template!r}'s space for this "
+                           f"workload: its knob values are candidates, but not together (a record "
+                           f"from another modelc version, or a crafted one)")
+    return cfg
+
+
+class OutsideSpace(DocumentError):
+    """Each knob value is a candidate, but the template's constraint excludes them together: the
+    build may divide by zero or ask for a stack the kernel cannot have."""
+
+
+def _within(space, cfg) -> bool:
+    try:
+        return space.is_valid(cfg)
+    except Exception:       # a constraint that cannot judge a config does not admit it
+        return False
 
 
 _spaces: dict = {}          # (workload key, template, target) -> (template, workload view, config space)
@@ -334,7 +353,11 @@ def check_program(program, constants: dict, path: str = "module program") -> lis
                     if name in written:
                         _fail(q, f"tensor {name!r} is written twice (or is an input or constant)")
                     written.add(name)
-        configs.append(check_config(s["template"], wl, s["config"], p, key=s["key"]))
+        try:
+            configs.append(check_config(s["template"], wl, s["config"], p, key=s["key"]))
+        except OutsideSpace as e:   # an older modelc's looser space: its kernel is rebuilt as this one's default
+            warnings.warn(f"{e}; that step runs the template's default config instead", stacklevel=3)
+            configs.append(check_config(s["template"], wl, None, p, key=s["key"]))
     for k, o in enumerate(program["outputs"]):
         if o["name"] not in written:
             _fail(f"{path}.outputs[{k}]", f"output {o['name']!r} is never written")

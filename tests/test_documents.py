@@ -200,3 +200,43 @@ def test_record_config_must_be_a_candidate(record_line, tmp_path):
     log.write_text(json.dumps(bad) + "\n")
     with pytest.warns(UserWarning, match="not a candidate"):
         assert R.load_records(str(log)) == []
+
+
+def _outside(step) -> dict:
+    """Knob values each a candidate, but excluded together by the template's constraint."""
+    from modelc.kernels.template import get
+    from modelc.kernels.workload import Workload
+    tpl = get(step["template"])
+    space = tpl.space(Workload(step["workload"]))
+    return next(c.values for c in map(space.get, range(len(space))) if not space.is_valid(c))
+
+
+def test_record_config_outside_the_space_is_skipped(record_line, tmp_path):
+    """Candidates the template's constraint excludes together (some would make the build divide
+    by zero or ask for a stack the kernel cannot have) are refused like any foreign record."""
+    bad = copy.deepcopy(record_line)
+    bad["config"] = _outside(bad)
+    bad["costs"] = [1e-9]
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(record_line) + "\n" + json.dumps(bad) + "\n")
+    with pytest.warns(UserWarning, match="outside template 'conv2d'"):
+        recs = R.load_records(str(log))
+    assert [r.config for r in recs] == [record_line["config"]]
+
+
+def test_module_config_outside_the_space_runs_the_default(saved, tmp_path, monkeypatch):
+    """A saved module's step whose config this version's space excludes (an older version's looser
+    constraint, or a crafted one) is rebuilt with the template's default, and says so."""
+    mod, program, files = saved
+    program = copy.deepcopy(program)
+    s = _conv(program)
+    default = s["config"]
+    s["config"] = _outside(s)
+    assert s["config"] != default
+    path = str(tmp_path / "older.mc")
+    _write(files, program, path)
+    monkeypatch.setenv("MODELC_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.warns(UserWarning, match=r"steps\[\d+\]\.config: .* runs the template's default config"):
+        loaded = modelc.load(path)
+    x = np.random.default_rng(2).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(loaded(x), mod(x), rtol=1e-5, atol=1e-6 * float(np.abs(mod(x)).max()))

@@ -220,3 +220,20 @@ def test_untuned_winograd_stops_where_its_weights_outgrow_the_cache():
         assert wino.preferred(conv(2048, 28, 512)) and not wino.preferred(conv(2048, 14, 512))
     with target.use(tg(64)):
         assert wino.preferred(conv(2048, 14, 512))
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "transformer"])
+def test_defaults_are_within_their_spaces(name):
+    """Every template's default for the example models' tasks, on both targets, is a config its
+    space admits: a default outside it would be measured and saved, then refused when read back."""
+    import models
+    from modelc.extract import extract_tasks
+    model = models.build(name)
+    shapes = {i.name: [d.dim_value or 1 for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    for tg in (AVX2, AVX512):
+        with target.use(tg):
+            for t in extract_tasks(model, shape=shapes):
+                for tpl in map(template.get, [t.template, *t.alternatives]):
+                    space = tpl.space(t.wl)
+                    cfg = tpl.default_config(t.wl, space)
+                    assert space.is_valid(cfg), (tg.llvm_cpu, tpl.name, t.desc, cfg.values)

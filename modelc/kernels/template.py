@@ -67,6 +67,16 @@ class Template:
 TEMPLATES: list[Template] = []
 
 
+def valid_default(tpl: Template, wl: Workload, space: ConfigSpace) -> Config:
+    """`tpl`'s default config, or its space's first config when the default falls outside the
+    template's constraint (a record or module of that config would be refused when read back)."""
+    cfg = tpl.default_config(wl, space)
+    if space.is_valid(cfg):
+        return cfg
+    first = space.valid_indices(limit=1)
+    return space.get(first[0]) if first else cfg
+
+
 def register(cls):
     TEMPLATES.append(cls())
     return cls

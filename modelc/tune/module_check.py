@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from ..kernels.template import alternatives, select, untuned
+from ..kernels.template import alternatives, select, untuned, valid_default
 from ..kernels.workload import Workload
 from . import dispatch
 from . import records as R
@@ -68,7 +68,7 @@ def candidates(program: dict, records: list, target: dict, n: int) -> dict:
                 seen.add(_id(r.template, r.config))
                 cands.append((r.template, r.config))
         plain = untuned(view, tpl)
-        default = (plain.name, dict(plain.default_config(view, plain.space(view)).values))
+        default = (plain.name, dict(valid_default(plain, view, plain.space(view)).values))
         if cands and _id(*default) not in seen:
             cands.append(default)
         if len(cands) > 1:

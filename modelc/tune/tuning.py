@@ -19,6 +19,7 @@ import time
 from .. import logs
 from ..errors import ModelcError
 from ..extract import Task, extract_tasks, workload_flops
+from ..kernels.template import valid_default
 from ..target import use as use_target
 from . import records as R
 from .ga_tuner import GATuner
@@ -191,7 +192,7 @@ def _tune(model, n_trials, log, shape, tuner, strategy, trials_per_round, early_
                     rechecked[i].add(tasks[i].space.from_values(r.config).index)
             seen.add(cfg)
     tuners = [TUNERS[tuner](t, seed=seed + i) for i, t in enumerate(tasks)]
-    defaults = [t.tpl.default_config(t.wl, t.space) for t in tasks]
+    defaults = [valid_default(t.tpl, t.wl, t.space) for t in tasks]
     for tn, d in zip(tuners, defaults):
         tn.prefer([d])
     logged = logged_tasks(prior)
