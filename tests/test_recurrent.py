@@ -1,6 +1,6 @@
 """RNN, GRU and LSTM (frontend/recurrent.py), compiled, against onnxruntime's own kernels: every
-direction, layout, optional input and gate option; the configurations PyTorch exports as one
-RecurrentSteps kernel per direction (kernels/recurrent.py), the others written out step by step."""
+direction, layout, optional input and gate option, float32 layers as one RecurrentSteps kernel
+(kernels/recurrent.py), others (float64) written out step by step."""
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -123,10 +123,55 @@ def test_activations_with_parameters_clip_and_coupled_gates():
                         "activations": ["HardSigmoid", "LeakyRelu", "Tanh"],
                         "activation_alpha": [0.3, 0.2], "activation_beta": [0.4]}, consts, data, ["Y", "Y_h"])
     _check(m, data)
+    assert modelc.from_onnx(m).op_counts().get("RecurrentSteps") == 1
     m = _model("RNN", {"hidden_size": H, "activations": ["Relu"]}, {"W": _w(1, H, IN), "R": _w(1, H, H)},
                data, ["", "Y_h"])
     _check(m, data)
-    assert "RecurrentSteps" not in modelc.from_onnx(m).op_counts()      # written out step by step
+    assert modelc.from_onnx(m).op_counts().get("RecurrentSteps") == 1
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_every_option_at_once_is_one_kernel(op):
+    """Each direction its own activations (with alpha and beta), clip, sequence lengths as data,
+    peepholes and initial states: one RecurrentSteps op on the recurrent_steps template."""
+    from modelc.extract import extract_tasks
+    g, n = {"LSTM": (4, 3), "GRU": (3, 2), "RNN": (1, 1)}[op]
+    acts = {"LSTM": ["Sigmoid", "Tanh", "Tanh", "HardSigmoid", "Softsign", "ScaledTanh"],
+            "GRU": ["HardSigmoid", "Elu", "Sigmoid", "Affine"], "RNN": ["LeakyRelu", "Softplus"]}[op]
+    alpha = {"LSTM": [0.3, 0.7], "GRU": [0.25, 0.9, 0.5], "RNN": [0.2]}[op]
+    beta = {"LSTM": [0.45, 1.3], "GRU": [0.55, 0.1], "RNN": []}[op]
+    consts = {"W": _w(2, g * H, IN) * 3, "R": _w(2, g * H, H), "B": _w(2, 2 * g * H),
+              **({"P": _w(2, 3 * H)} if op == "LSTM" else {})}
+    data = {"X": _x(), "sequence_lens": np.array([4, 5, 0], np.int32), "initial_h": _w(2, B, H),
+            **({"initial_c": _w(2, B, H)} if op == "LSTM" else {})}
+    attrs = {"hidden_size": H, "direction": "bidirectional", "clip": 1.25, "activations": acts,
+             "activation_alpha": alpha, **({"activation_beta": beta} if beta else {}),
+             **({"linear_before_reset": 1} if op == "GRU" else {})}
+    m = _model(op, attrs, consts, data, ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else []))
+    _check(m, data)
+    assert [t.template for t in extract_tasks(m)].count("recurrent_steps") == 1
+
+
+def test_float64_layers_are_written_out_step_by_step():
+    """Against onnxruntime on the float32 layer (it has no float64 GRU), at float32's precision:
+    the reverse direction with sequence lengths, the written-out path's hardest case."""
+    x = _x()
+    consts = {"W": _w(1, 3 * H, IN), "R": _w(1, 3 * H, H), "sequence_lens": np.array([5, 2, 1], np.int32)}
+
+    def model(t, dt):
+        node = helper.make_node("GRU", ["X", "W", "R", "", "sequence_lens"], ["Y", "Y_h"], hidden_size=H,
+                                direction="reverse")
+        return onnx_model([node], [helper.make_tensor_value_info("X", t, list(x.shape))],
+                          [helper.make_tensor_value_info(o, t, None) for o in ("Y", "Y_h")],
+                          [numpy_helper.from_array(v if v.dtype == np.int32 else v.astype(dt), k)
+                           for k, v in consts.items()], 14, ir_version=8)
+    m = model(TensorProto.DOUBLE, np.float64)
+    assert "RecurrentSteps" not in modelc.from_onnx(m).op_counts()
+    got = modelc.compile(m).run({"X": x.astype(np.float64)})
+    want = ort.InferenceSession(model(F, np.float32).SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"X": x})
+    for o, w in zip(("Y", "Y_h"), want):
+        np.testing.assert_allclose(got[o], w, rtol=0, atol=2e-6 * float(np.abs(w).max()))
 
 
 def test_a_recurrent_layer_with_weights_of_the_wrong_shape_is_named():
@@ -146,7 +191,9 @@ def test_a_recurrent_layer_with_weights_of_the_wrong_shape_is_named():
 
 
 @pytest.mark.parametrize("attr,value", [("direction", "sideways"), ("direction", 7), ("kind", "LSTMX"),
-                                        ("linear_before_reset", 2)])
+                                        ("linear_before_reset", 2), ("activations", ["exec", "tanh"]),
+                                        ("activations", ["sigmoid"]), ("activation_alpha", ["nan", 0.0]),
+                                        ("clip", "inf"), ("clip", -1.0), ("input_forget", 1), ("peep", 1)])
 def test_a_crafted_recurrent_steps_workload_is_refused_by_name(attr, value):
     """A tuning log or saved module is untrusted: a RecurrentSteps op with attributes modelc never
     makes is refused when the document is validated, before any source is generated from it."""

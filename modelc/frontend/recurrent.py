@@ -1,27 +1,23 @@
-"""RNN, GRU and LSTM, written out over their (static) sequence length at import.
+"""RNN, GRU and LSTM: the input projection as one MatMul, the time loop as one RecurrentSteps op.
 
 A recurrent layer is a cell applied once per time step. Its input projection does not depend on
 the previous step, so it is one MatMul over the whole sequence (as onnxruntime and TVM's importer
-do); each step then adds the hidden state's projection and applies the gates, which are ordinary
-elementwise ops that fuse into one kernel per step. Sequence lengths, when given, mask the steps
-past each batch entry's end (its state stops there, its outputs are zeros) and, for the reverse
-direction, read each entry's sequence from its own last element; they may be data.
+do). A float32 layer's steps, every direction and option (activations, clip, coupled gates,
+peepholes, sequence lengths, which may be data), are one RecurrentSteps op (ops/recurrent.py), one
+kernel. Other dtypes are written out over their (static) sequence length: each step adds the
+hidden state's projection and applies the gates, ordinary elementwise ops that fuse into one kernel
+per step; sequence lengths mask the steps past each batch entry's end (its state stops there, its
+outputs are zeros) and, for the reverse direction, read each entry's sequence from its own last
+element.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..errors import ModelcError
+from ..ops.recurrent import ACTIVATIONS, DEFAULT_ACTIVATIONS, GATES
 from .control_flow import MAX_UNROLLED_NODES
 from .converters import converter
-
-GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
-DEFAULT_ACTIVATIONS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
-# activation -> default (alpha, beta), None where it takes none (ONNX's RNN activation list)
-ACTIVATIONS = {"relu": None, "tanh": None, "sigmoid": None, "softsign": None, "softplus": None,
-               "leakyrelu": (0.01, None), "thresholdedrelu": (1.0, None), "elu": (1.0, None),
-               "hardsigmoid": (0.2, 0.5), "scaledtanh": (1.0, 1.0), "affine": (1.0, 0.0)}
-
 
 class _Cell:
     """Emits one direction's ops; `act(k, x)` applies the k-th activation of the direction."""
@@ -131,11 +127,9 @@ def recurrent(ctx, node):
     if lv is not None and np.all(np.asarray(lv) == steps):
         lens = ""                               # every sequence is whole: nothing to mask
     acts = _activations(node, {"RNN": 1, "GRU": 2, "LSTM": 3}[op], dirs)
-    # the configurations PyTorch exports run as one op per direction (ops/recurrent.py); the others
-    # are written out step by step
-    cell.whole = ctx.dtype(x) == np.float32 and not lens and not p and a.get("clip") is None and \
-        not a.get("input_forget", 0) and all([n for n, _, _ in acts[d]] == [n.lower() for n in DEFAULT_ACTIVATIONS[op]]
-                                              for d in range(dirs))
+    # float32 layers run as one op, every direction side by side (ops/recurrent.py); others (float64,
+    # float16) are written out step by step
+    cell.whole = ctx.dtype(x) == np.float32
     if not cell.whole:
         ctx.unrolled += ({"RNN": 6, "GRU": 16, "LSTM": 22}[op] + (4 if lens else 0)) * steps * dirs
         if ctx.unrolled > MAX_UNROLLED_NODES:
@@ -143,7 +137,7 @@ def recurrent(ctx, node):
                               f"{MAX_UNROLLED_NODES} nodes; modelc compiles static graphs")
     outs = list(node.outputs) + [""] * 3
     if cell.whole:
-        y, states = _whole(ctx, node, cell, direction, x, w, r, b, h0, c0, hidden, dirs)
+        y, states = _whole(ctx, node, cell, direction, x, w, r, b, h0, c0, hidden, dirs, lens, p, acts)
         if outs[0]:
             _emit_out(ctx, y, outs[0], [2, 0, 1, 3] if layout else None)
         for s, out in zip(states, (outs[1], outs[2] if op == "LSTM" else "")):
@@ -170,7 +164,7 @@ def recurrent(ctx, node):
             _emit_out(ctx, s, out, [1, 0, 2] if layout else None)
 
 
-def _whole(ctx, node, cell, direction, x, w, r, b, h0, c0, hidden, dirs):
+def _whole(ctx, node, cell, direction, x, w, r, b, h0, c0, hidden, dirs, lens, p, acts):
     """Every direction's steps as one RecurrentSteps op (ops/recurrent.py), its directions run side
     by side; the input projection of all directions is one MatMul. Returns Y [S, D, B, H] and the
     last states [D, B, H]."""
@@ -197,9 +191,20 @@ def _whole(ctx, node, cell, direction, x, w, r, b, h0, c0, hidden, dirs):
         r = cell.op("Slice", r, i64([0]), i64([2 * hidden]), i64([1]))
     rt = cell.op("Transpose", r, perm=[0, 2, 1])                                         # [D, H, gH]
     zeros = cell.c(np.zeros((dirs, batch, hidden)), "zeros")
-    ins = [xw, rt, h0 or zeros, (c0 or zeros) if op == "LSTM" else "", rb_h, rth]
-    outs = ctx.emit("RecurrentSteps", ins, attrs={"kind": op, "direction": direction, "linear_before_reset": lbr},
-                    n_outputs=3 if op == "LSTM" else 2)
+    if lens and ctx.dtype(lens) != np.int32:
+        lens = cell.op("Cast", lens, to=6)
+    ins = [xw, rt, h0 or zeros, (c0 or zeros) if op == "LSTM" else "", rb_h, rth, lens or "", p or ""]
+    attrs = {"kind": op, "direction": direction, "linear_before_reset": lbr}
+    flat = [spec for d in acts for spec in d]
+    if [n for n, _, _ in flat] != [n.lower() for n in DEFAULT_ACTIVATIONS[op]] * dirs:   # (only where not the
+        attrs.update(activations=[n for n, _, _ in flat],                                # default: workload keys
+                     activation_alpha=[float(a or 0) for _, a, _ in flat],                 # stay as they were)
+                     activation_beta=[float(b or 0) for _, _, b in flat])
+    if node.attrs.get("clip") is not None:
+        attrs["clip"] = float(node.attrs["clip"])
+    if op == "LSTM" and node.attrs.get("input_forget", 0):
+        attrs["input_forget"] = 1
+    outs = ctx.emit("RecurrentSteps", ins, attrs=attrs, n_outputs=3 if op == "LSTM" else 2)
     return outs[0], outs[1:]
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .expr import emit
+from ..ops.recurrent import activations, options
+from .expr import emit, lit
 from .intrinsics import calls_polynomial
 from .space import ConfigSpace
 from .template import Kernel, Template, output_positions, parallel_loop, register, source
@@ -39,8 +40,10 @@ class RecurrentSteps(Template):
         refs = [r for r in a.args if r]
         if not all(r.startswith("i") for r in refs):
             return False
-        specs = [wl.spec(r) for r in refs] + list(wl.outputs)
-        if any(t.dtype != np.float32 or t.layout is not None for t in specs):
+        lens = a.args[6] if len(a.args) > 6 else ""
+        specs = [wl.spec(r) for r in refs if r != lens] + list(wl.outputs)
+        if any(t.dtype != np.float32 or t.layout is not None for t in specs) or \
+                (lens and wl.spec(lens).dtype != np.int32):
             return False
         kind, direction, _lbr = _kind(wl)
         s, _b, _d, gh = wl.spec(a.args[0]).shape
@@ -67,12 +70,26 @@ class RecurrentSteps(Template):
         arg = {k: f"in{int(r[1:])}" for k, r in enumerate(a.args) if r}
         XW, RT, H0 = arg[0], arg[1], arg[2]
         f32 = "np.float32"
+        acts = activations(kind, D, a.attrs)
+        clip, forget = options(kind, a.attrs)
 
-        def sig(v):
-            return emit("Sigmoid", [v], {}, np.float32)
+        def L(v):
+            return lit(v, np.float32)
 
-        def tanh(v):                              # (math.tanh is a scalar call: intrinsics.FAST_TANH)
-            return f"fast_tanh32({v})"
+        def gate(var, expr, k, d, out=None):
+            """`out` = the direction's k-th activation of `var` = `expr`, clipped when asked."""
+            lines = [f"{var} = {expr}"] + ([f"{var} = min(max({var}, {L(-clip)}), {L(clip)})"] if clip else [])
+            return lines + [f"{out or 'g' + var[1:]} = {activation(acts[d][k], var)}"]
+
+        def activation(spec, v):             # (v is a name: emit repeats its operand)
+            name, alpha, beta = spec
+            if name == "tanh":               # (math.tanh is a scalar call: intrinsics.FAST_TANH)
+                return f"fast_tanh32({v})"
+            if name == "scaledtanh":
+                return f"({L(alpha)} * fast_tanh32({L(beta)} * {v}))"
+            if name == "affine":
+                return f"({L(alpha)} * {v} + {L(beta)})"
+            return emit(OPS[name], [v], {"alpha": alpha, "beta": beta}, np.float32)
 
         def gemv(dst, vec, mat, width, ind):
             """dst[:width] = vec[:H] @ mat[H, width], U rows of mat per pass over dst."""
@@ -93,64 +110,89 @@ class RecurrentSteps(Template):
                           f"{ind}        {dst}[j] += {mat}[row + np.uintp(j)] * vk"]
             return lines
 
+        def x(k):                                 # gate k's input projection at unit j
+            return f"{XW}[xb + np.uintp({k * H}) + np.uintp(j)]"
+
+        def peep(k, cell):                        # an LSTM's peephole k (i, o, f) times the cell
+            return f" + {arg[7]}[np.uintp(d * {3 * H} + {k * H}) + np.uintp(j)] * {cell}" if 7 in arg else ""
+        rb = f" + {arg[4]}[np.uintp(d * {H}) + np.uintp(j)]" if 4 in arg else ""
+
+        def cell(d):
+            """One step's gates after h @ R^T (in g), for direction d's activations."""
+            if kind == "RNN":
+                return ["for j in range(%d):" % H, *_in(gate("a0", f"{x(0)} + g[j]", 0, d, "h[j]"))]
+            if kind == "LSTM":
+                return [f"for j in range({H}):", *_in(
+                    gate("ai", f"{x(0)} + g[j]{peep(0, 'c[j]')}", 0, d) +
+                    (["gf = " + f32 + "(1.0) - gi"] if forget else
+                     gate("af", f"{x(2)} + g[j + {2 * H}]{peep(2, 'c[j]')}", 0, d)) +
+                    gate("ac", f"{x(3)} + g[j + {3 * H}]", 1, d) +
+                    ["cn = gf * c[j] + gi * gc", "c[j] = cn"] +
+                    gate("ao", f"{x(1)} + g[j + {H}]{peep(1, 'cn')}", 0, d) +
+                    [f"h[j] = go * {activation(acts[d][2], 'cn')}"])]      # (the cell is not clipped)
+            if lbr:
+                return [f"for j in range({H}):", *_in(
+                    gate("az", f"{x(0)} + g[j]", 0, d) + gate("ar", f"{x(1)} + g[j + {H}]", 0, d) +
+                    gate("an", f"{x(2)} + gr * (g[j + {2 * H}]{rb})", 1, d) +
+                    [f"h[j] = ({f32}(1.0) - gz) * gn + gz * h[j]"])]
+            # the new gate's product reads r * h: a second GEMV
+            return ([f"for j in range({H}):", *_in(
+                        gate("az", f"{x(0)} + g[j]", 0, d, "z[j]") + gate("ar", f"{x(1)} + g[j + {H}]", 0, d) +
+                        ["g[j] = gr * h[j]"])] +
+                    gemv("gh", "g", arg[5], H, "") +
+                    [f"for j in range({H}):", *_in(
+                        gate("an", f"{x(2)} + gh[j]{rb}", 1, d) +
+                        [f"h[j] = ({f32}(1.0) - z[j]) * gn + z[j] * h[j]"])])
+
         # item = (direction, batch entry); direction 1 of a bidirectional layer, or a reverse layer,
-        # runs from the last step
+        # runs from the entry's last step (its length's, where lengths are given)
         rev = {"forward": "0", "reverse": "1", "bidirectional": "d"}[direction]
+        n = f"min(max(np.intp({arg[6]}[b]), 0), {S})" if 6 in arg else str(S)
+        pos = output_positions(wl, 3)       # (0 Y, 1 the last state, 2 the last cell)
         body = [parallel_loop("it", D * B),
                 f"    d = it // {B}",
                 f"    b = it % {B}",
                 f"    st = np.uintp(it * {H})",             # the item's state in h0, c0, Y_h, Y_c
+                f"    n = {n}",
                 # the state, the gates' projection, an LSTM's cell, a GRU's update gate and r * h's
-                *[f"    {name} = stack_empty({n}, np.float32)" for name, n in
+                *[f"    {name} = stack_empty({k}, np.float32)" for name, k in
                   (("h", H), ("g", GW), ("c", H if kind == "LSTM" else 0), ("z", H if kind == "GRU" and not lbr else 0),
-                   ("gh", H if kind == "GRU" and not lbr else 0)) if n],
+                   ("gh", H if kind == "GRU" and not lbr else 0)) if k],
                 f"    for j in range({H}):",
                 f"        h[j] = {H0}[st + np.uintp(j)]",
                 *([f"        c[j] = {arg[3]}[st + np.uintp(j)]"] if kind == "LSTM" else []),
-                f"    for s in range({S}):",
-                f"        t = s + {rev} * ({S - 1} - 2 * s)",
+                "    for s in range(n):",
+                f"        t = s + {rev} * (n - 1 - 2 * s)",
                 f"        xb = np.uintp(((t * {B} + b) * {D} + d) * {GH})"]
         body += gemv("g", "h", RT, GW, " " * 8)
-        ind = " " * 8
-
-        def x(k):                                 # gate k's input projection at unit j
-            return f"{XW}[xb + np.uintp({k * H}) + np.uintp(j)]"
-        rb = f" + {arg[4]}[np.uintp(d * {H}) + np.uintp(j)]" if 4 in arg else ""
-        if kind == "RNN":
-            body += [f"{ind}for j in range({H}):", f"{ind}    h[j] = {tanh(f'({x(0)} + g[j])')}"]
-        elif kind == "LSTM":
-            body += [f"{ind}for j in range({H}):",
-                     f"{ind}    gi = {sig(f'({x(0)} + g[j])')}",
-                     f"{ind}    go = {sig(f'({x(1)} + g[j + {H}])')}",
-                     f"{ind}    gf = {sig(f'({x(2)} + g[j + {2 * H}])')}",
-                     f"{ind}    gc = {tanh(f'({x(3)} + g[j + {3 * H}])')}",
-                     f"{ind}    cn = gf * c[j] + gi * gc",
-                     f"{ind}    c[j] = cn",
-                     f"{ind}    h[j] = go * {tanh('cn')}"]
-        elif lbr:
-            body += [f"{ind}for j in range({H}):",
-                     f"{ind}    gz = {sig(f'({x(0)} + g[j])')}",
-                     f"{ind}    gr = {sig(f'({x(1)} + g[j + {H}])')}",
-                     f"{ind}    gn = {tanh(f'({x(2)} + gr * (g[j + {2 * H}]{rb}))')}",
-                     f"{ind}    h[j] = ({f32}(1.0) - gz) * gn + gz * h[j]"]
-        else:                                     # the new gate's product reads r * h: a second GEMV
-            body += [f"{ind}for j in range({H}):",
-                     f"{ind}    z[j] = {sig(f'({x(0)} + g[j])')}",
-                     f"{ind}    g[j] = {sig(f'({x(1)} + g[j + {H}])')} * h[j]"]
-            body += gemv("gh", "g", arg[5], H, ind)
-            body += [f"{ind}for j in range({H}):",
-                     f"{ind}    gn = {tanh(f'({x(2)} + gh[j]{rb})')}",
-                     f"{ind}    h[j] = ({f32}(1.0) - z[j]) * gn + z[j] * h[j]"]
-        pos = output_positions(wl, 3)       # (0 Y, 1 the last state, 2 the last cell)
-        if 0 in pos:
-            body += [f"{ind}for j in range({H}):",
-                     f"{ind}    out{pos.index(0)}[np.uintp(((t * {D} + d) * {B} + b) * {H}) + np.uintp(j)] = h[j]"]
+        if D == 2 and acts[0] != acts[1]:      # each direction's activations
+            body += ["        if d == 0:", *_in(cell(0), 12), "        else:", *_in(cell(1), 12)]
+        else:
+            body += _in(cell(0), 8)
+        y = f"out{pos.index(0)}[np.uintp(((t * {D} + d) * {B} + b) * {H}) + np.uintp(j)]" if 0 in pos else ""
+        if y:
+            body += [f"        for j in range({H}):", f"            {y} = h[j]"]
+        if 6 in arg:                       # steps past the entry's length output zeros, and
+            if y:                          # an entry of no steps ends in zero states
+                body += [f"    for t in range(n, {S}):", f"        for j in range({H}):",
+                         f"            {y} = {f32}(0.0)"]
+            body += ["    if n == 0:", f"        for j in range({H}):", f"            h[j] = {f32}(0.0)",
+                     *([f"            c[j] = {f32}(0.0)"] if kind == "LSTM" else [])]
         for p, src in ((1, "h"), (2, "c")):
             if p in pos:
                 body += [f"    for j in range({H}):",
                          f"        out{pos.index(p)}[st + np.uintp(j)] = {src}[j]"]
         ins = sorted(arg)
         args = [f"out{k}" for k in range(len(pos))] + [arg[k] for k in ins]
-        dtypes = [np.float32] * len(args)
+        dtypes = [np.float32] * len(pos) + [np.int32 if k == 6 else np.float32 for k in ins]
         # in order unless a gate calls the sigmoid polynomial (conv2d's reasons)
         return Kernel(source(args, dtypes, body, reassoc=calls_polynomial(body)), args, None)
+
+
+# ONNX's recurrent activations that are ops of their own (expr.emit writes them)
+OPS = {"relu": "Relu", "sigmoid": "Sigmoid", "softsign": "Softsign", "softplus": "Softplus", "leakyrelu": "LeakyRelu",
+       "thresholdedrelu": "ThresholdedRelu", "elu": "Elu", "hardsigmoid": "HardSigmoid"}
+
+
+def _in(lines: list, by: int = 4) -> list:
+    return [" " * by + ln for ln in lines]
