@@ -43,6 +43,9 @@ def _inputs(sess, seed: int) -> dict:
 
 
 def _list(out) -> list:
+    """A module's outputs in the model's order (a dict of them where the model has several)."""
+    if isinstance(out, dict):
+        return list(out.values())
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
