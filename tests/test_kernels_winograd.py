@@ -36,10 +36,16 @@ CASES = [
     dict(C=32, H=12, W=12, K=16, k=3, s=1, p=0, hin=0, hout=1, bias=False, act=None),
     # the smallest output F(2x2, 3x3) can tile
     dict(C=8, H=4, W=4, K=8, k=3, s=1, p=0, hin=0, hout=0),
+    # dilated: Winograd on each interleaved grid of outputs (2 x 2 grids of 6 x 6; 4 x 4 grids of
+    # 5 x 3, their last tiles shifted), a residual, and a valid conv
+    dict(C=16, H=12, W=12, K=32, k=3, s=1, p=2, hin=2, hout=0, residual=True, dil=2),
+    dict(C=16, H=20, W=12, K=16, k=3, s=1, p=4, hin=4, hout=1, dil=4),
+    dict(C=16, H=14, W=14, K=16, k=3, s=1, p=0, hin=0, hout=0, dil=2, act="Clip"),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"c{c['C']}k{c['K']}h{c['H']}w{c['W']}p{c['p']}")
+@pytest.mark.parametrize("case", CASES,
+                         ids=lambda c: f"c{c['C']}k{c['K']}h{c['H']}w{c['W']}p{c['p']}d{c.get('dil', 1)}")
 def test_every_variant_matches_the_reference(case):
     wl = conv2d_wl(**case)
     assert WINO.matches(wl) and template.select(wl).name == "conv2d"
@@ -103,12 +109,16 @@ def test_a_batch_of_two_images():
 
 def test_what_it_matches():
     assert WINO.matches(conv2d_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0))
-    for kw in (dict(k=3, s=2, p=1), dict(k=5, s=1, p=2), dict(k=1, s=1, p=0), dict(k=3, s=1, p=2, dil=2)):
-        wl = conv2d_wl(C=16, H=8, W=8, K=16, hin=kw["p"], hout=0, **kw)
+    # (a dilated conv whose output rows do not split evenly into its grids: 9 % 2)
+    for kw in (dict(k=3, s=2, p=1), dict(k=5, s=1, p=2), dict(k=1, s=1, p=0), dict(k=3, s=1, p=2, dil=2, H=9)):
+        kw = {"H": 8, **kw}
+        wl = conv2d_wl(C=16, W=8, K=16, hin=kw["p"], hout=0, **kw)
         # no Winograd; the te declaration stays a second algorithm
         assert not WINO.matches(wl) and [t.name for t in alternatives(wl, template.select(wl))] == ["te_conv2d"], kw
-    # too small to hold one 2x2 output tile
+    # too small to hold one 2x2 output tile (on each grid, dilated)
     assert not WINO.matches(conv2d_wl(C=16, H=3, W=3, K=16, k=3, s=1, p=0, hin=0, hout=0))
+    assert not WINO.matches(conv2d_wl(C=16, H=3, W=3, K=16, k=3, s=1, p=3, hin=3, hout=0, dil=3))
+    assert WINO.matches(conv2d_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=2, hin=2, hout=0, dil=2))
 
 
 def _model(path, hw=20):
@@ -196,10 +206,15 @@ def test_every_output_is_stored_by_exactly_one_item():
     one that owns an output stores it. A shifted tile computes an output with other transform
     weights than the tile before (another rounding), so two writers made the result depend on which
     thread stored last. Each item is run alone on an output full of NaN, to count who stores what."""
-    wl = conv2d_wl(C=16, H=10, W=9, K=48, k=3, s=1, p=1, hin=1, hout=0, residual=True)
+    from modelc.kernels.conv_geometry import conv_geometry
+    for wl in (conv2d_wl(C=16, H=10, W=9, K=48, k=3, s=1, p=1, hin=1, hout=0, residual=True),
+               conv2d_wl(C=16, H=20, W=18, K=48, k=3, s=1, p=2, hin=2, hout=0, residual=True, dil=2)):
+        _one_writer_each(wl, conv_geometry)
+
+
+def _one_writer_each(wl, conv_geometry):
     space = WINO.space(wl)
     default = WINO.default_config(wl, space)
-    from modelc.kernels.conv_geometry import conv_geometry
     n_blocks = 48 // conv_geometry(wl).KB                 # 3 of 16 channels (AVX-512), 6 of 8 (AVX2)
     blocks = next(b for b in reversed(space.knobs[2].values) if n_blocks % b)
     for m in space.knobs[0].values:
