@@ -8,7 +8,9 @@ by side on two threads): the state's projection (h @ R^T, an axpy over rows of R
 rows per pass over the gates, so each gate is loaded and stored once per k_unroll rows), then the
 gates, elementwise, written in place. R^T (at most a few MiB) stays in the core's caches from step
 to step. The sigmoid is modelc's (expr.emit), tanh a polynomial that vectorises (within 2.5 ulp of
-float64's), the equations ops/recurrent.py's.
+float64's), the equations ops/recurrent.py's, every option of them: each direction's activations
+(expr.emit's, with their alpha and beta), clip, coupled gates, peepholes and sequence lengths (an
+item runs its entry's steps, clamped to the sequence, and zeroes the outputs past them).
 """
 from __future__ import annotations
 
