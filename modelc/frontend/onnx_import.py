@@ -24,6 +24,7 @@ from . import converters as conv
 from . import functions
 from . import legacy  # noqa: F401  (registers the opset converters)
 from .control_flow import all_nodes
+from .experimental import EXPERIMENTAL
 from .validate import check_node, check_text, check_types, schema
 
 ONNX_DOMAINS = ("", "ai.onnx")
@@ -337,7 +338,7 @@ def _check_supported(g: onnx.GraphProto, opset: int):
         if n.domain not in ONNX_DOMAINS:
             key = f"{n.domain}.{n.op_type}"
         elif (n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY) and \
-                schema(n.op_type, n.domain, opset) is not None:
+                (schema(n.op_type, n.domain, opset) is not None or n.op_type in EXPERIMENTAL):
             continue      # (internal ops such as Dense are modelc's, not ONNX's)
         elif functions.expands(n.op_type, n.domain, opset):
             continue      # imported as the body of ops ONNX defines for it
