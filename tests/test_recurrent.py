@@ -208,3 +208,16 @@ def test_a_crafted_recurrent_steps_workload_is_refused_by_name(attr, value):
     wl["ops"][0]["attrs"][attr] = value
     with pytest.raises(DocumentError, match="RecurrentSteps|attrs"):
         check_workload(wl, "wl")
+
+
+def test_constant_sequence_lengths_and_a_single_unit_are_one_kernel():
+    """Small constants reach the workload as params (lengths of up to 64 entries, the zero state of
+    one unit): the kernel writes them out rather than leaving the layer to the numpy fallback."""
+    consts = {"W": _w(2, 4 * H, IN), "R": _w(2, 4 * H, H), "sequence_lens": np.array([4, 5, 0], np.int32)}
+    data = {"X": _x()}
+    m = _model("LSTM", {"hidden_size": H, "direction": "bidirectional", "clip": 2.0}, consts, data,
+               ["Y", "Y_h", "Y_c"])
+    _check(m, data)
+    data = {"X": _w(S, 1, IN)}
+    m = _model("GRU", {"hidden_size": 1}, {"W": _w(1, 3, IN), "R": _w(1, 3, 1)}, data, ["Y", "Y_h"])
+    _check(m, data)

@@ -40,7 +40,9 @@ class RecurrentSteps(Template):
         if a.op != "RecurrentSteps" or len(wl.ops) != 1 or wl.epilogue or output_positions(wl, 3) is None:
             return False
         refs = [r for r in a.args if r]
-        if not all(r.startswith("i") for r in refs):
+        # (small constants reach a workload as params: sequence lengths of up to 64 entries, a state
+        # of one unit; the kernel writes them out as tuples)
+        if not all(r.startswith("i") or (r.startswith("p") and wl.params[r].size <= 64) for r in refs):
             return False
         lens = a.args[6] if len(a.args) > 6 else ""
         specs = [wl.spec(r) for r in refs if r != lens] + list(wl.outputs)
@@ -69,7 +71,9 @@ class RecurrentSteps(Template):
         H = wl.spec(a.args[2]).shape[2]
         GW = wl.spec(a.args[1]).shape[2]            # gates R^T projects to (a GRU's 2H without lbr)
         U = cfg["k_unroll"]
-        arg = {k: f"in{int(r[1:])}" for k, r in enumerate(a.args) if r}
+        arg = {k: f"in{int(r[1:])}" if r.startswith("i") else f"par{k}" for k, r in enumerate(a.args) if r}
+        consts = [f"par{k} = ({', '.join(lit(v, wl.params[r].dtype) for v in wl.params[r].reshape(-1))},)"
+                  for k, r in enumerate(a.args) if r.startswith("p")]
         XW, RT, H0 = arg[0], arg[1], arg[2]
         f32 = "np.float32"
         acts = activations(kind, D, a.attrs)
@@ -151,7 +155,7 @@ class RecurrentSteps(Template):
         rev = {"forward": "0", "reverse": "1", "bidirectional": "d"}[direction]
         n = f"min(max(np.intp({arg[6]}[b]), 0), {S})" if 6 in arg else str(S)
         pos = output_positions(wl, 3)       # (0 Y, 1 the last state, 2 the last cell)
-        body = [parallel_loop("it", D * B),
+        body = [*consts, parallel_loop("it", D * B),
                 f"    d = it // {B}",
                 f"    b = it % {B}",
                 f"    st = np.uintp(it * {H})",             # the item's state in h0, c0, Y_h, Y_c
@@ -184,7 +188,7 @@ class RecurrentSteps(Template):
             if p in pos:
                 body += [f"    for j in range({H}):",
                          f"        out{pos.index(p)}[st + np.uintp(j)] = {src}[j]"]
-        ins = sorted(arg)
+        ins = [k for k in sorted(arg) if arg[k].startswith("in")]
         args = [f"out{k}" for k in range(len(pos))] + [arg[k] for k in ins]
         dtypes = [np.float32] * len(pos) + [np.int32 if k == 6 else np.float32 for k in ins]
         # in order unless a gate calls the sigmoid polynomial (conv2d's reasons)
