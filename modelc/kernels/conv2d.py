@@ -157,17 +157,22 @@ class Conv2d(Template):
     def _skipping_default(g, space, m0, tg):
         """Where tiles skip the taps that read padding, the smaller the tile the more it skips:
         the tile computing the fewest products among those with enough accumulators to keep the
-        FMA pipes busy, of about the usual channels per pixel. DeepLabV3's ASPP conv 960 -> 256,
-        3x3 taps 12 apart on 14x14 (AMD EPYC Zen 4): 2 x 2 pixels x 2 blocks 1.46 ms, 4 x 2 x 1
-        1.58, 14 x 1 x 1 (the usual default) 2.15; onnxruntime 1.47."""
+        FMA pipes busy, and of those the one nearest the usual accumulator count (about half the
+        registers), of about the usual channels per pixel. DeepLabV3's ASPP conv 960 -> 256, 3x3 taps
+        12 apart on 14x14 (AMD EPYC Zen 4): 2 x 2 pixels x 2 blocks 1.46 ms, 4 x 2 x 1 1.58, 14 x 1 x 1
+        (the usual default) 2.15; onnxruntime 1.47. Among tiles of as few products, the fewest
+        accumulators had been taken: 2 x 2 x 4 blocks (16) ran 0.82-0.83 of 2 x 2 x 2 there, and
+        DeepLabV3-ResNet50's 2048 -> 256 taps 12 and 24 apart on 28x28 4 x 4 x 1 0.78 and 0.89-0.97 of
+        2 x 4 x 1 (AVX2's count, 8, is both pipes' minimum: its tiles are as before)."""
         lanes = tg.lanes(4)
+        want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight)
         rest = {"reduction_order": ["c", "kh", "kw"], "unroll_kw": False}
         cands = []
         for ow, m, oh in itertools.product(*(k.values for k in space.knobs[:3])):
             cfg = space.from_values({"tile_ow": ow, "tile_oc_blocks": m, "tile_oh": oh, **rest})
             acc = ow * oh * -(-m * g.KB // lanes)
             if acc >= tg.accumulators_in_flight and space.is_valid(cfg):
-                cands.append(((computed_taps(g, oh, ow), acc, abs(m - m0), -oh), cfg))
+                cands.append(((computed_taps(g, oh, ow), abs(acc - want), abs(m - m0), -oh), cfg))
         if not cands:
             return space.from_values({"tile_ow": space.knobs[0].values[-1], "tile_oc_blocks": m0, "tile_oh": 1,
                                       **rest})
