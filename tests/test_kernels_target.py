@@ -237,3 +237,16 @@ def test_defaults_are_within_their_spaces(name):
                     space = tpl.space(t.wl)
                     cfg = tpl.default_config(t.wl, space)
                     assert space.is_valid(cfg), (tg.llvm_cpu, tpl.name, t.desc, cfg.values)
+
+
+def test_avx2_tiles_take_one_vector_where_two_vectors_of_weights_outgrow_the_l2():
+    """On AVX2 a pixel takes two vectors of output channels, unless a tile's weights (C x 3 x 3 x 16
+    floats: 1.2 MB for 2048 input channels) then outgrow the L2: one vector over more pixels loads
+    them from the L3 half as often. The L2 decides, not the channel count."""
+    import dataclasses
+    tpl = template.get("conv2d")
+    for c, l2, vectors in ((2048, 1 << 20, 1), (2048, 2 << 20, 2), (256, 1 << 20, 2)):
+        with target.use(dataclasses.replace(AVX2, l2_bytes=l2)):
+            wl = conv(c, 28, 256)                      # (blocks of AVX2's 8 channels)
+            cfg = tpl.default_config(wl, tpl.space(wl))
+        assert cfg["tile_oc_blocks"] * wl.outputs[0].layout[0] // 8 == vectors, (c, l2, cfg.values)

@@ -139,6 +139,11 @@ class Conv2d(Template):
         # tiles of 2 computed a fourth (1x1 convs 144 -> 24 on 56x56 ran 0.78-0.86 of their time with
         # 3 blocks per tile, AVX2 and AVX-512 alike)
         per_pixel = tg.lanes(4) * (1 if tg.broadcast_in_fma else 2)
+        if per_pixel > tg.lanes(4) and g.C * g.KH * g.KW * per_pixel * 4 > tg.l2_bytes:
+            # ... unless a tile's weights then outgrow the L2 and stream from the L3 for every tile:
+            # one vector over more pixels loads them half as often (AVX2, a 3x3 conv 2048 -> 256 on
+            # 28x28, 1.2 MB a tile: 0.55-0.85 of two vectors' time; DeepLabV3's ASPP convs 0.74-0.9)
+            per_pixel = tg.lanes(4)
         blocks = g.K // g.KB
         ms = [m for m in space.knobs[1].values if -(-blocks // m) * m <= 1.25 * blocks] or space.knobs[1].values[:1]
         m = min(ms, key=lambda m: (abs(m * g.KB - per_pixel), -m))
