@@ -41,6 +41,9 @@ CASES = [
     dict(C=16, H=12, W=12, K=32, k=3, s=1, p=2, hin=2, hout=0, residual=True, dil=2),
     dict(C=16, H=20, W=12, K=16, k=3, s=1, p=4, hin=4, hout=1, dil=4),
     dict(C=16, H=14, W=14, K=16, k=3, s=1, p=0, hin=0, hout=0, dil=2, act="Clip"),
+    # grids of unequal size where the dilation does not divide the output (13 = 7 + 6; 15 = 4 + 4 + 4 + 3)
+    dict(C=16, H=13, W=13, K=16, k=3, s=1, p=2, hin=2, hout=0, dil=2, residual=True),
+    dict(C=16, H=15, W=11, K=32, k=3, s=1, p=4, hin=4, hout=0, dil=4),
 ]
 
 
@@ -109,8 +112,7 @@ def test_a_batch_of_two_images():
 
 def test_what_it_matches():
     assert WINO.matches(conv2d_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0))
-    # (a dilated conv whose output rows do not split evenly into its grids: 9 % 2)
-    for kw in (dict(k=3, s=2, p=1), dict(k=5, s=1, p=2), dict(k=1, s=1, p=0), dict(k=3, s=1, p=2, dil=2, H=9)):
+    for kw in (dict(k=3, s=2, p=1), dict(k=5, s=1, p=2), dict(k=1, s=1, p=0)):
         kw = {"H": 8, **kw}
         wl = conv2d_wl(C=16, W=8, K=16, hin=kw["p"], hout=0, **kw)
         # no Winograd; the te declaration stays a second algorithm
@@ -118,7 +120,9 @@ def test_what_it_matches():
     # too small to hold one 2x2 output tile (on each grid, dilated)
     assert not WINO.matches(conv2d_wl(C=16, H=3, W=3, K=16, k=3, s=1, p=0, hin=0, hout=0))
     assert not WINO.matches(conv2d_wl(C=16, H=3, W=3, K=16, k=3, s=1, p=3, hin=3, hout=0, dil=3))
+    assert not WINO.matches(conv2d_wl(C=16, H=5, W=8, K=16, k=3, s=1, p=2, hin=2, hout=0, dil=3))  # grids 2, 2, 1
     assert WINO.matches(conv2d_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=2, hin=2, hout=0, dil=2))
+    assert WINO.matches(conv2d_wl(C=16, H=9, W=8, K=16, k=3, s=1, p=2, hin=2, hout=0, dil=2))     # grids 5 and 4
 
 
 def _model(path, hw=20):
@@ -208,7 +212,8 @@ def test_every_output_is_stored_by_exactly_one_item():
     thread stored last. Each item is run alone on an output full of NaN, to count who stores what."""
     from modelc.kernels.conv_geometry import conv_geometry
     for wl in (conv2d_wl(C=16, H=10, W=9, K=48, k=3, s=1, p=1, hin=1, hout=0, residual=True),
-               conv2d_wl(C=16, H=20, W=18, K=48, k=3, s=1, p=2, hin=2, hout=0, residual=True, dil=2)):
+               conv2d_wl(C=16, H=20, W=18, K=48, k=3, s=1, p=2, hin=2, hout=0, residual=True, dil=2),
+               conv2d_wl(C=16, H=21, W=19, K=48, k=3, s=1, p=2, hin=2, hout=0, residual=True, dil=2)):
         _one_writer_each(wl, conv_geometry)
 
 

@@ -1,9 +1,10 @@
 """Winograd convolution F(m x m, 3 x 3) for 3x3 stride-1 convs, in the channel-blocked layout.
 
-Dilated convs too, where the dilation divides the output: on each of its interleaved grids of
-outputs the conv is an undilated one over the input read with the dilation's stride (`_grid`).
-DeepLabV3's and FCN's ResNet-50 layers dilated by 2 and 4 on 28 x 28 ran in 0.44 and 0.54 of the
-direct conv's time (AMD EPYC Zen 4, AVX-512; 0.68 and 0.63 compiled for AVX2).
+Dilated convs too: on each of its interleaved grids of outputs the conv is an undilated one over
+the input read with the dilation's stride (`_grid`; grids one row or column short where the dilation
+does not divide the output). DeepLabV3's and FCN's ResNet-50 layers dilated by 2 and 4 on 28 x 28 ran
+in 0.44 and 0.54 of the direct conv's time, on 65 x 65 (a 520 x 520 image) 0.45 and 0.58 (AMD EPYC
+Zen 4, AVX-512; on 28 x 28 0.68 and 0.63 compiled for AVX2).
 
 Why: a direct 3x3 conv spends 9 m^2 multiplies per (input channel, output channel) on an m x m
 output tile; Winograd's minimal filtering (Lavin & Gray, CVPR'16) spends (m+2)^2 - 16 instead
@@ -124,10 +125,17 @@ def transformed_weights(w: np.ndarray, m: int) -> np.ndarray:
 def _grid(g) -> tuple:
     """(dh, dw, SH, SW): a conv dilated by (dh, dw) is, on each of its dh x dw interleaved grids of
     outputs (those of one oy % dh and ox % dw), an undilated 3x3 conv over the input grid read with
-    the same stride: Winograd runs on each grid of SH x SW outputs (DeepLabV3's and FCN's layers
-    dilated by 2 and 4 on 28 x 28: grids of 14 x 14 and 7 x 7)."""
+    the same stride: Winograd runs on each grid of up to SH x SW outputs (DeepLabV3's and FCN's layers
+    dilated by 2 and 4 on 28 x 28: grids of 14 x 14 and 7 x 7; on 65 x 65, from a 520 x 520 image,
+    grids of 33 and 32 rows)."""
     dh, dw = g.dilations
-    return dh, dw, g.OH // dh, g.OW // dw
+    return dh, dw, -(-g.OH // dh), -(-g.OW // dw)
+
+
+def _smallest(g) -> tuple:
+    """The smallest grid's rows and columns (where the dilation does not divide the output, the
+    last grids hold one row or column fewer)."""
+    return g.OH // g.dilations[0], g.OW // g.dilations[1]
 
 
 def _tiles(g, m):
@@ -149,9 +157,7 @@ class Conv2dWinograd(Template):
             return False
         w = wl.spec(a.args[1])
         g = conv_geometry(wl)
-        dh, dw, sh, sw = _grid(g)
-        return (tuple(w.shape[2:]) == (3, 3) and tuple(g.strides) == (1, 1) and g.OH % dh == 0
-                and g.OW % dw == 0 and min(sh, sw) >= 2)
+        return tuple(w.shape[2:]) == (3, 3) and tuple(g.strides) == (1, 1) and min(_smallest(g)) >= 2
 
     def preferred(self, wl: Workload) -> bool:
         """Run untuned where the direct conv always lost (the module docstring's measurements)."""
@@ -166,7 +172,7 @@ class Conv2dWinograd(Template):
         tg = target.current()
         lanes, most = tg.lanes(4), tg.max_tile_vectors
         sp = ConfigSpace()
-        sp.define_knob("tile_size", [m for m in MATRICES if m <= min(_grid(g)[2:])])
+        sp.define_knob("tile_size", [m for m in MATRICES if m <= min(_smallest(g))])
         sp.define_knob("tile_tiles", [t for t in TT_CANDIDATES if t <= _tiles(g, 2)[2]])
         blocks = g.K // g.KB
         sp.define_knob("tile_oc_blocks", [b for b in (1, 2, 4) if b <= blocks and b * g.KB <= 4 * lanes])
@@ -247,6 +253,10 @@ class Conv2dWinograd(Template):
         hin = g.hin
         NTH, NTW, NT = _tiles(g, m)
         dh, dw, SH, SW = _grid(g)
+        # a grid's rows and columns: the last grids have one fewer where the dilation does not
+        # divide the output
+        rows = SH if OH % dh == 0 else f"({OH - 1} - grid // {dw}) // {dh} + 1"
+        cols = SW if OW % dw == 0 else f"({OW - 1} - grid % {dw}) // {dw} + 1"
         NG = -(-NT // TT)
         xs = (g.N, CBLK, g.H + 2 * hin, g.W + 2 * hin, cb)
         x_n, x_c, x_h = xs[1] * xs[2] * xs[3] * cb, xs[2] * xs[3] * cb, xs[3] * cb
@@ -281,8 +291,8 @@ class Conv2dWinograd(Template):
             return [f"{pre}q = q0 + t",
                     f"{pre}tq = q % {NTH * NTW}",
                     f"{pre}grid = q // {NTH * NTW}",
-                    f"{pre}ty = {shifted_start(f'(tq // {NTW}) * {m}', SH, m)}",
-                    f"{pre}tx = {shifted_start(f'(tq % {NTW}) * {m}', SW, m)}",
+                    f"{pre}ty = {shifted_start(f'(tq // {NTW}) * {m}', rows, m)}",
+                    f"{pre}tx = {shifted_start(f'(tq % {NTW}) * {m}', cols, m)}",
                     f"{pre}oy = grid // {dw} + ty * {dh}",
                     f"{pre}ox = grid % {dw} + tx * {dw}"]
 
@@ -357,7 +367,7 @@ class Conv2dWinograd(Template):
         if NT % TT:
             body += ["        if t < tskip:", "            continue"]
         body += tile_origin(8)
-        most_y, most_x = (m - SH % m) % m, (m - SW % m) % m      # the largest overlap of a shifted tile
+        most_y, most_x = (NTH * m - _smallest(g)[0], NTW * m - _smallest(g)[1])   # a shifted tile's largest overlap
         tq, ty, tx = ("q", "oy", "ox") if dh * dw == 1 else ("tq", "ty", "tx")
         if most_y:
             body.append(f"        sy = ({tq} // {NTW}) * {m} - {ty}")
