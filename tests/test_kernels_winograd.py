@@ -246,3 +246,16 @@ def test_the_weight_transform_is_reused_only_for_the_same_weights():
     assert np.array_equal(transformed_weights(w, 2), exact(w, 2))
     w[0, 0, 1, 1] += 1.0
     assert np.array_equal(transformed_weights(w, 4), exact(w, 4))
+
+
+def test_dilated_convs_run_winograd_untuned_unless_most_products_read_padding():
+    """Dilated by 2 on 28 x 28 (grids of 14 x 14), Winograd is the untuned choice; dilated by 12
+    (grids of 3 and 2 rows, half the direct conv's products in the padding, which it skips) Winograd
+    stays an algorithm for tuning to try, not the default (it ran 2.1x the direct conv's time)."""
+    from modelc.kernels.conv2d import BOUNDED_TAPS, padding_share
+    from modelc.kernels.conv_geometry import conv_geometry
+    two = conv2d_wl(C=16, H=28, W=28, K=16, k=3, s=1, p=2, hin=2, hout=0, dil=2)
+    twelve = conv2d_wl(C=16, H=28, W=28, K=16, k=3, s=1, p=12, hin=12, hout=0, dil=12)
+    assert WINO.matches(two) and WINO.preferred(two)
+    assert padding_share(conv_geometry(twelve)) > BOUNDED_TAPS
+    assert WINO.matches(twelve) and not WINO.preferred(twelve)
