@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelcError
-from ..ops.recurrent import ACTIVATIONS, DEFAULT_ACTIVATIONS, GATES
+from ..ops.recurrent import ACTIVATION_OPS, ACTIVATIONS, DEFAULT_ACTIVATIONS, GATES, N_ACTIVATIONS
 from .control_flow import MAX_UNROLLED_NODES
 from .converters import converter
 
@@ -44,14 +44,9 @@ class _Cell:
 
     def act(self, k, x):
         name, alpha, beta = self.acts[k]
-        if name in ("relu", "tanh", "sigmoid", "softsign", "softplus"):
-            return self.op({"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "softsign": "Softsign",
-                            "softplus": "Softplus"}[name], x)
-        if name in ("leakyrelu", "thresholdedrelu", "elu"):
-            return self.op({"leakyrelu": "LeakyRelu", "thresholdedrelu": "ThresholdedRelu", "elu": "Elu"}[name],
-                           x, alpha=alpha)
-        if name == "hardsigmoid":
-            return self.op("HardSigmoid", x, alpha=alpha, beta=beta)
+        if name in ACTIVATION_OPS:        # (alpha and beta are None where the op takes none)
+            return self.op(ACTIVATION_OPS[name], x, **{k: v for k, v in (("alpha", alpha), ("beta", beta))
+                                                       if v is not None})
         if name == "scaledtanh":
             return self.op("Mul", self.op("Tanh", self.op("Mul", x, self.c(beta, "beta"))), self.c(alpha, "alpha"))
         return self.op("Add", self.op("Mul", x, self.c(alpha, "alpha")), self.c(beta, "beta"))   # affine
@@ -126,7 +121,7 @@ def recurrent(ctx, node):
                           "the input's steps")
     if lv is not None and np.all(np.asarray(lv) == steps):
         lens = ""                               # every sequence is whole: nothing to mask
-    acts = _activations(node, {"RNN": 1, "GRU": 2, "LSTM": 3}[op], dirs)
+    acts = _activations(node, N_ACTIVATIONS[op], dirs)
     # float32 layers run as one op, every direction side by side (ops/recurrent.py); others (float64,
     # float16) are written out step by step
     cell.whole = ctx.dtype(x) == np.float32

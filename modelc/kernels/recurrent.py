@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.recurrent import activations, options
+from ..ops.recurrent import ACTIVATION_OPS, activations, options
 from .expr import emit, lit
 from .intrinsics import calls_polynomial
 from .space import ConfigSpace
@@ -95,7 +95,7 @@ class RecurrentSteps(Template):
                 return f"({L(alpha)} * fast_tanh32({L(beta)} * {v}))"
             if name == "affine":
                 return f"({L(alpha)} * {v} + {L(beta)})"
-            return emit(OPS[name], [v], {"alpha": alpha, "beta": beta}, np.float32)
+            return emit(ACTIVATION_OPS[name], [v], {"alpha": alpha, "beta": beta}, np.float32)
 
         def gemv(dst, vec, mat, width, ind):
             """dst[:width] = vec[:H] @ mat[H, width], U rows of mat per pass over dst."""
@@ -193,11 +193,6 @@ class RecurrentSteps(Template):
         dtypes = [np.float32] * len(pos) + [np.int32 if k == 6 else np.float32 for k in ins]
         # in order unless a gate calls the sigmoid polynomial (conv2d's reasons)
         return Kernel(source(args, dtypes, body, reassoc=calls_polynomial(body)), args, None)
-
-
-# ONNX's recurrent activations that are ops of their own (expr.emit writes them)
-OPS = {"relu": "Relu", "sigmoid": "Sigmoid", "softsign": "Softsign", "softplus": "Softplus", "leakyrelu": "LeakyRelu",
-       "thresholdedrelu": "ThresholdedRelu", "elu": "Elu", "hardsigmoid": "HardSigmoid"}
 
 
 def _in(lines: list, by: int = 4) -> list:

@@ -35,6 +35,10 @@ DEFAULT_ACTIVATIONS = {"RNN": ["tanh"], "GRU": ["sigmoid", "tanh"], "LSTM": ["si
 ACTIVATIONS = {"relu": None, "tanh": None, "sigmoid": None, "softsign": None, "softplus": None,
                "leakyrelu": (0.01, None), "thresholdedrelu": (1.0, None), "elu": (1.0, None),
                "hardsigmoid": (0.2, 0.5), "scaledtanh": (1.0, 1.0), "affine": (1.0, 0.0)}
+# those that are ONNX ops of their own (ScaledTanh and Affine are not any more)
+ACTIVATION_OPS = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "softsign": "Softsign", "softplus": "Softplus",
+                  "leakyrelu": "LeakyRelu", "thresholdedrelu": "ThresholdedRelu", "elu": "Elu",
+                  "hardsigmoid": "HardSigmoid"}
 
 
 def apply(name: str, v, alpha: float, beta: float):
