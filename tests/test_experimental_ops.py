@@ -76,6 +76,8 @@ def test_fills_become_constants():
     (helper.make_node("ImageScaler", ["x"], ["y"], scale=1.0, bias=[0.1, 0.2]), "bias has 2 values for 3 channels"),
     (helper.make_node("Crop", ["x"], ["y"], border=[0, 6, 0, 6]), "does not fit its 8 x 10 input"),
     (helper.make_node("Crop", ["x"], ["y"], border=[0, 0, 0]), "border = .left, top, right, bottom."),
+    (helper.make_node("GivenTensorFill", [], ["y"], values=[1.0], shape=[100000, 100000, 1000]),
+     "needs .* GiB but .* of memory is available"),
 ])
 def test_bad_attributes_are_named(node, match):
     node.name = "old_node"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import memory
 from ..errors import ModelcError, ShapeError
 from .converters import converter
 
@@ -108,10 +109,11 @@ def _fill(ctx, node, values, dtype):
     shape += [int(d) for d in a.get("extra_shape", [])]
     if any(d < 0 for d in shape):
         raise ShapeError(f"{node.where()}: shape {shape} has a negative dimension")
+    memory.check({node.outputs[0]: int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize}, node.where())
     values = np.asarray(values, dtype).reshape(-1)
     if values.size == 1:
         arr = np.full(shape, values[0], dtype)
-    elif values.size == int(np.prod(shape)):
+    elif values.size == int(np.prod(shape, dtype=object)):
         arr = values.reshape(shape)
     else:
         raise ShapeError(f"{node.where()}: {values.size} values do not fill shape {shape}")
