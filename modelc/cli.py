@@ -50,6 +50,7 @@ def cmd_info(args):
     print("ops     " + ", ".join(f"{op} x{n}" for op, n in graph.op_counts().items()))
     print(f"target  {target.current().describe()}")      # what default kernels are shaped for
     _print_fallbacks(_fallback_groups(graph))
+    _print_tail(graph.tail)
     if args.graph:
         print(graph)
 
@@ -111,6 +112,19 @@ def cmd_compile(args):
           f"intermediate buffers {mem['planned_bytes'] / 2**20:.1f} MiB "
           f"(one per tensor: {mem['one_buffer_per_tensor_bytes'] / 2**20:.1f} MiB); wrote {out}")
     _print_fallbacks(mod.fallback_reasons)
+    _print_tail(mod.tail)
+
+
+def _print_tail(tail):
+    """The nodes whose shapes the data decides, and where they begin."""
+    if tail is None:
+        return
+    print(f"note: {tail.node_count} node(s) whose shapes depend on the input data run on ONNX's reference "
+          f"evaluator after the compiled part (outputs {', '.join(tail.outputs)}), from:")
+    for node, why in tail.starts[:5]:
+        print(f"  {node}: {why}")
+    if len(tail.starts) > 5:
+        print(f"  ... and {len(tail.starts) - 5} more")
 
 
 def _print_fallbacks(reasons: list):

@@ -51,11 +51,18 @@ def _accuracy(run, reference, inputs: list, in_name: str) -> dict:
         want = reference({in_name: x})
         got = run({in_name: x})
         for w, g in zip(want, got):
+            if w.shape != g.shape:      # a data-dependent tail selected other boxes
+                abs_err = rel_err = float("inf")
+                continue
+            if not w.size:
+                continue
             e = float(np.abs(g.astype(np.float64) - w).max())
             abs_err = max(abs_err, e)
             rel_err = max(rel_err, e / max(float(np.abs(w).max()), 1e-30))
         w0, g0 = want[0], got[0]
-        if w0.ndim >= 2:
+        if w0.shape != g0.shape or not w0.size:
+            agree += int(w0.shape == g0.shape)
+        elif w0.ndim >= 2:
             agree += int((w0.reshape(w0.shape[0], -1).argmax(-1) == g0.reshape(g0.shape[0], -1).argmax(-1)).all())
         else:
             agree += int(np.argmax(w0) == np.argmax(g0))

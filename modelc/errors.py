@@ -21,13 +21,14 @@ class UnsupportedOpError(ModelcError):
             f"the model uses {len(self.unsupported)} unsupported operator type(s):\n" + "\n".join(lines))
 
 
-class DynamicError(ModelcError):
-    """Control flow (an If's condition, a Loop's trip count) or a sequence position depends on the
-    model's input data: modelc compiles static graphs."""
-
-
 class ShapeError(ModelcError):
     """An input shape is missing, has the wrong rank, or an op's shapes do not agree."""
+
+
+class DynamicError(ShapeError):
+    """A shape, an If's condition, a Loop's trip count or a sequence position depends on the model's
+    input data. The importer sends such a node, and every node after it that reads its results, to
+    the model's data-dependent tail (runtime/tail.py) instead of compiling it."""
 
 
 class InputError(ModelcError):

@@ -76,6 +76,8 @@ class Graph:
         self._producer: dict[str, str] = {}
         self._consumers: dict[str, set] = {}
         self._order = itertools.count()
+        self.tail = None              # runtime.tail.Tail: the nodes whose shapes the data decides
+        self.model_outputs: list[str] | None = None    # the model's outputs, when a tail makes some
 
     # ---- tensors -------------------------------------------------------------------------
     def add_tensor(self, name, shape=None, dtype=None, value=None) -> Tensor:
@@ -293,6 +295,7 @@ class Graph:
         for t in self.tensors.values():
             g.tensors[t.name] = dataclasses.replace(t)
         g.inputs, g.outputs = list(self.inputs), list(self.outputs)
+        g.tail, g.model_outputs = self.tail, self.model_outputs
         for n in self.topo():
             g.add_node(dataclasses.replace(n, inputs=list(n.inputs), outputs=list(n.outputs),
                                            attrs=dict(n.attrs)))

@@ -41,7 +41,7 @@ def run(graph: Graph, feeds: dict, keep_all: bool = False) -> dict:
     for i, node in enumerate(order):
         for t in node.inputs:
             last_use[t] = i
-    keep = set(graph.outputs)
+    keep = set(graph.outputs) | set(graph.tail.inputs if graph.tail is not None else ())
     for i, node in enumerate(order):
         args = [env[t] if t else None for t in node.inputs]
         if node.subgraph is not None:
@@ -64,4 +64,7 @@ def run(graph: Graph, feeds: dict, keep_all: bool = False) -> dict:
                     env.pop(t, None)
     if keep_all:
         return env
+    if graph.tail is not None:      # the nodes whose shapes the data decides (runtime/tail.py)
+        made = graph.tail.run(env)
+        return {o: made[o] if o in made else env[o] for o in graph.model_outputs}
     return {o: env[o] for o in graph.outputs}

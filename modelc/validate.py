@@ -289,7 +289,7 @@ def _space(template: str, wl: dict, path: str):
 def check_program(program, constants: dict, path: str = "module program") -> list:
     """A module's program: schema, every step's workload and config, tensors as the kernels need.
     Returns each step's `Config`."""
-    _keys(program, path, {"format", "modelc", "name", "inputs", "outputs", "tensors", "steps"})
+    _keys(program, path, {"format", "modelc", "name", "inputs", "outputs", "tensors", "steps"}, {"tail"})
     for f in ("modelc", "name"):
         check_str(program[f], f"{path}.{f}")
     tensors = program["tensors"]
@@ -361,7 +361,32 @@ def check_program(program, constants: dict, path: str = "module program") -> lis
     for k, o in enumerate(program["outputs"]):
         if o["name"] not in written:
             _fail(f"{path}.outputs[{k}]", f"output {o['name']!r} is never written")
+    if "tail" in program:
+        check_tail(program["tail"], program, f"{path}.tail")
     return configs
+
+
+def check_tail(tail, program: dict, path: str):
+    """The data-dependent tail's interface: it reads the compiled part's inputs and outputs, and the
+    model's outputs are the compiled part's or the tail's (the tail's graph is checked where it is
+    loaded, runtime/tail.py)."""
+    _keys(tail, path, {"inputs", "outputs", "model_outputs"})
+    compiled = {io["name"] for io in program["inputs"]} | {io["name"] for io in program["outputs"]}
+    for k, name in enumerate(_list(tail["inputs"], f"{path}.inputs", 1 << 16)):
+        if check_str(name, f"{path}.inputs[{k}]") not in compiled:
+            _fail(f"{path}.inputs[{k}]", f"{name!r} is neither an input nor an output of the compiled part")
+    made = set()
+    for k, o in enumerate(_list(tail["outputs"], f"{path}.outputs", 4096)):
+        _keys(o, f"{path}.outputs[{k}]", {"name", "dtype"})
+        made.add(check_str(o["name"], f"{path}.outputs[{k}].name"))
+        if o["dtype"] is not None:
+            check_dtype(o["dtype"], f"{path}.outputs[{k}].dtype")
+    names = _list(tail["model_outputs"], f"{path}.model_outputs", 4096)
+    for k, name in enumerate(names):
+        if check_str(name, f"{path}.model_outputs[{k}]") not in made | compiled:
+            _fail(f"{path}.model_outputs[{k}]", f"{name!r} is computed by neither part")
+    if not names:
+        _fail(f"{path}.model_outputs", "lists no outputs")
 
 
 _RECORD_FIELDS = {"v", "key", "desc", "template", "config", "costs", "error", "error_msg", "target",

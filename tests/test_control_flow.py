@@ -105,7 +105,7 @@ def test_split_to_sequence_and_erase():
     _check(m, {"x": RNG.standard_normal((2, 6)).astype(np.float32)})
 
 
-def test_control_flow_on_data_is_refused_by_name():
+def test_control_flow_on_data_runs_after_the_compiled_part():
     nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
              helper.make_node("Greater", ["s", "zero"], ["cond"]),
              helper.make_node("If", ["cond"], ["y"], name="data_if",
@@ -113,8 +113,12 @@ def test_control_flow_on_data_is_refused_by_name():
                               else_branch=_branch("else", helper.make_node("Neg", ["x"], ["e"]), "e"))]
     m = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])], ["y"],
                [numpy_helper.from_array(np.float32(0), "zero")])
-    with pytest.raises(ModelcError, match="data_if.*condition.*depends on the model's inputs"):
-        modelc.compile(m)
+    mod = modelc.compile(m)      # the If, its condition decided by the data, runs in the tail
+    assert mod.tail is not None and mod.tail.starts[0][0] == "data_if"
+    assert "depends on the model's inputs" in mod.tail.starts[0][1]
+    for x in ([1, -2, 3, 0.5], [-1, -2, -3, 0.5]):
+        x = np.array(x, np.float32)
+        np.testing.assert_array_equal(mod.run({"x": x})["y"], np.maximum(x, 0) if x.sum() > 0 else -x)
 
 
 def test_a_sequence_cannot_be_a_model_output():

@@ -18,13 +18,14 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from .. import ops
-from ..errors import ModelcError, ModelLoadError, ShapeError, UnsupportedOpError
+from ..errors import DynamicError, ModelcError, ModelLoadError, ShapeError, UnsupportedOpError
 from ..ir import Graph, Node, Tensor
 from . import converters as conv
 from . import functions
 from . import legacy  # noqa: F401  (registers the opset converters)
 from .control_flow import all_nodes
 from .experimental import EXPERIMENTAL
+from .tail import TAIL_OPS, TailBuilder
 from .validate import check_node, check_text, check_types, schema
 
 ONNX_DOMAINS = ("", "ai.onnx")
@@ -296,17 +297,43 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
         graph.add_tensor(name, shp, dtype)
         graph.inputs.append(name)
 
+    tail = TailBuilder()
     for i, n in enumerate(g.node):
-        ctx.import_node(n, i)
+        if tail.takes(n):
+            tail.add(n)
+            continue
+        if n.op_type in TAIL_OPS and n.domain in ONNX_DOMAINS and n.op_type not in ops.REGISTRY:
+            tail.add(n, f"{n.op_type} decides its output's shape from the data")
+            continue
+        try:
+            ctx.import_node(n, i)
+        except DynamicError as e:
+            tail.add(n, " ".join(str(e).split()))
 
     for out in g.output:
+        if out.name in tail.produced:
+            continue
         if out.name in ctx.sequences:
             raise ModelcError(f"graph output {out.name!r} is a sequence; modelc's modules return tensors")
         if out.name not in graph.tensors:
             raise ModelLoadError(f"graph output {out.name!r} is not produced by any node")
         graph.outputs.append(out.name)
-    _compare_with_onnx_inference(proto, bound, graph)
+    if tail.nodes:
+        _attach_tail(ctx, proto, tail)
+    _compare_with_onnx_inference(proto, bound, graph, skip=tail.produced)
     return graph
+
+
+def _attach_tail(ctx, proto, tail):
+    """The compiled part returns what the tail reads; the graph keeps the model's output order."""
+    from ..runtime.tail import Tail
+    graph = ctx.graph
+    order = [o.name for o in proto.graph.output]
+    model, reads = tail.model(ctx, proto, [o for o in order if o in tail.produced])
+    graph.tail = Tail(model, where=f"the data-dependent part of the model (from node {tail.where()})")
+    graph.tail.starts = list(tail.starts)
+    graph.model_outputs = order
+    graph.outputs += [r for r in reads if r not in graph.outputs and r not in graph.inputs]
 
 
 def _initializer(init: onnx.TensorProto) -> np.ndarray:
@@ -337,7 +364,7 @@ def _check_supported(g: onnx.GraphProto, opset: int):
     for i, n in enumerate(all_nodes(g)):
         if n.domain not in ONNX_DOMAINS:
             key = f"{n.domain}.{n.op_type}"
-        elif (n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY) and \
+        elif (n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY or n.op_type in TAIL_OPS) and \
                 (schema(n.op_type, n.domain, opset) is not None or n.op_type in EXPERIMENTAL):
             continue      # (internal ops such as Dense are modelc's, not ONNX's)
         elif functions.expands(n.op_type, n.domain, opset):
@@ -419,9 +446,11 @@ def _static_dims(vi):
     return None if None in dims else dims
 
 
-def _compare_with_onnx_inference(proto, bound: dict, graph: Graph):
+def _compare_with_onnx_inference(proto, bound: dict, graph: Graph, skip=frozenset()):
     declared = set()
     for out in proto.graph.output:
+        if out.name in skip:
+            continue
         t = graph.tensors.get(out.name)
         et = out.type.tensor_type.elem_type if out.type.HasField("tensor_type") else 0
         if t is not None and t.dtype is not None and et:
@@ -463,7 +492,7 @@ def _compare_with_onnx_inference(proto, bound: dict, graph: Graph):
     except Exception:
         return   # ONNX's inference has gaps; ours is authoritative, this is only a cross-check
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-        if vi.name in declared:
+        if vi.name in declared or vi.name in skip:
             continue
         t = graph.tensors.get(vi.name)
         if t is None or t.shape is None or not vi.type.HasField("tensor_type"):

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DynamicError, ShapeError
 from .registry import norm_axis
 
 
-class NotConstant(ValueError):
+class NotConstant(DynamicError):
     """An input that decides the output shape is not known at import time."""
 
 

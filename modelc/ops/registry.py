@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import ModelcError, ShapeError
+from ..errors import DynamicError, ModelcError, ShapeError
 from ..ir import Node, Tensor
 
 
@@ -123,7 +123,7 @@ def infer(node: Node, ins: list[Tensor | None]) -> list[Tensor]:
         else:
             for i in op.param_inputs:
                 if i < len(ins) and ins[i] is not None and ins[i].value is None:
-                    raise ShapeError(
+                    raise DynamicError(
                         f"{node.where()}: input {i} ({ins[i].name!r}) decides the output shape and "
                         "must be a constant (or computable from shapes), but it depends on the "
                         "model's inputs")
@@ -136,7 +136,8 @@ def infer(node: Node, ins: list[Tensor | None]) -> list[Tensor]:
     except ShapeError as e:
         if node.where() in str(e):
             raise
-        raise ShapeError(f"{node.where()}: {e}") from e      # a rule's message, with the node
+        kind = DynamicError if isinstance(e, DynamicError) else ShapeError
+        raise kind(f"{node.where()}: {e}") from e      # a rule's message, with the node
     except ModelcError:
         raise
     except Exception as e:

@@ -31,6 +31,7 @@ from ..validate import DocumentError, check_program
 from ..version import VERSION
 from .. import memory
 from .plan import concat_parts, plan_buffers
+from .tail import Tail
 
 
 def _launch_guard():
@@ -144,13 +145,13 @@ class _Context:
         # copy per output (the Python there runs on caches the kernels have just emptied: its few
         # lookups and calls cost 0.14 ms on MobileNetV2's 4.6, AMD EPYC Zen 4)
         self.outputs = []
-        for o in mod.output_specs:
+        for o in mod.program["outputs"]:
             t = mod._tensors[o["name"]]
             if not t["const"]:
                 self.outputs.append((o["name"], logical_view(buf(o["name"]), tuple(o["shape"]),
                                                              tuple(t["layout"]) if t["layout"] else None),
                                      tuple(o["shape"])))
-        outputs = {plan.tensor_buffer.get(o["name"]) for o in mod.output_specs}
+        outputs = {plan.tensor_buffer.get(o["name"]) for o in mod.program["outputs"]}
         self.slots = [_pointer_slots(self.program, b) if plan.tensor_buffer[i["name"]] not in outputs else None
                       for i, b in zip(mod.input_specs, self.inputs)]
 
@@ -211,7 +212,7 @@ _WORKQUEUE_LOCK = threading.Lock()
 
 
 class Module:
-    def __init__(self, program: dict, constants: dict, jobs: int | None = None, progress=None):
+    def __init__(self, program: dict, constants: dict, jobs: int | None = None, progress=None, tail=None):
         if not isinstance(program, dict) or program.get("format") != FORMAT_VERSION:
             fmt = program.get("format") if isinstance(program, dict) else None
             raise ModelcError(f"module format {fmt} is not supported "
@@ -272,6 +273,8 @@ class Module:
         self._in = [(i["name"], tuple(i["shape"]), np.dtype(i["dtype"])) for i in self.input_specs]
         self._out = [(o["name"], tuple(o["shape"]), o) for o in self.output_specs]
         self._tensors = tensors
+        self.tail = _bind_tail(program, tail)
+        self.output_specs = self._final_specs()
         self._pool = threading.Condition()
         self._free = [_Context(self)]
         self._contexts = 1
@@ -314,9 +317,21 @@ class Module:
         finally:
             ctx.unbind()
             self._release(ctx)
-        if len(got) == len(self._out):
+        if len(got) != len(self._out):
+            got = {name: got[name] if name in got else np.array(self.constants[name]) for name, *_ in self._out}
+        if self.tail is None:
             return got
-        return {name: got[name] if name in got else np.array(self.constants[name]) for name, *_ in self._out}
+        made = self.tail.run({**dict(zip((n for n, *_ in self._in), xs)), **got})
+        return {name: made[name] if name in made else got[name] for name in self.program["tail"]["model_outputs"]}
+
+    def _final_specs(self) -> list:
+        """The model's outputs: the compiled part's, and the tail's (shape decided by the data: None)."""
+        if self.tail is None:
+            return self.program["outputs"]
+        mine = {o["name"]: o for o in self.program["outputs"]}
+        theirs = {o["name"]: {"name": o["name"], "shape": None, "dtype": o["dtype"]}
+                  for o in self.program["tail"]["outputs"]}
+        return [mine.get(n) or theirs[n] for n in self.program["tail"]["model_outputs"]]
 
     def _inputs(self, feeds: dict) -> list:
         """The input arrays of `feeds`, in the model's order, checked (an InputError names the problem)."""
@@ -350,7 +365,7 @@ class Module:
         feeds = {n: a for (n, *_), a in zip(self._in, args)}
         feeds.update(kwargs)
         res = self.run(feeds)
-        return res[self._out[0][0]] if len(self._out) == 1 else res
+        return next(iter(res.values())) if len(res) == 1 else res
 
     def benchmark(self, number: int = 10, repeat: int = 10, feeds: dict | None = None) -> dict:
         """Latency statistics in milliseconds over `repeat` runs of `number` calls each."""
@@ -425,7 +440,29 @@ class Module:
                 np.lib.format.write_array(bio, np.asarray(value), allow_pickle=False)
                 z.writestr(f"const/{i}.npy", bio.getvalue())
             z.writestr("const/names.json", json.dumps(sorted(self.constants)))
+            if self.tail is not None:
+                z.writestr("tail.onnx", self.tail.bytes())
         os.replace(tmp, path)
+
+
+def _bind_tail(program: dict, tail):
+    """The tail (a Tail, or a saved module's ONNX bytes) checked against the program's description."""
+    if "tail" not in program:
+        if tail is not None:
+            raise DocumentError("the module has a data-dependent tail but its program does not describe one")
+        return None
+    if tail is None:
+        raise DocumentError("the module's program describes a data-dependent tail, but it holds none")
+    if not isinstance(tail, Tail):
+        tail = Tail(tail, where="the module's data-dependent tail (tail.onnx)")
+    spec = program["tail"]
+    if tail.inputs != spec["inputs"] or tail.outputs != [o["name"] for o in spec["outputs"]]:
+        raise DocumentError("the module's data-dependent tail takes or gives other tensors than its "
+                            "program says")
+    if [tail.dtypes[o["name"]] and tail.dtypes[o["name"]].name for o in spec["outputs"]] != \
+            [o["dtype"] for o in spec["outputs"]]:
+        raise DocumentError("the module's data-dependent tail gives other dtypes than its program says")
+    return tail
 
 
 def load(path: str, jobs: int | None = None) -> Module:
@@ -440,6 +477,7 @@ def load(path: str, jobs: int | None = None) -> Module:
                 raise DocumentError("const/names.json: expected a list of tensor names")
             consts = {n: np.lib.format.read_array(io.BytesIO(z.read(f"const/{i}.npy")), allow_pickle=False)
                       for i, n in enumerate(names)}
+            tail = z.read("tail.onnx") if "tail.onnx" in z.namelist() else None
     except FileNotFoundError:
         raise ModelcError(f"module file {path!r} does not exist") from None
     except DocumentError as e:
@@ -452,6 +490,6 @@ def load(path: str, jobs: int | None = None) -> Module:
         raise ModelcError(f"{path!r} has module format {fmt}; this modelc "
                           f"({VERSION}) reads format {FORMAT_VERSION}")
     try:
-        return Module(program, consts, jobs=jobs)
+        return Module(program, consts, jobs=jobs, tail=tail)
     except DocumentError as e:
         raise DocumentError(f"{path!r}: {e}") from None
