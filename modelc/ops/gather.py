@@ -144,6 +144,23 @@ def scatter_nd(x, indices, updates, *, reduction="none"):
     return _scatter(x.copy(), key, updates.reshape((-1,) + x.shape[k:]), reduction)
 
 
+def _few_best(x, k: int, largest) -> np.ndarray:
+    """Indices of the k best along the last axis, in ONNX's order, without sorting the whole axis
+    (a detector's 1,000 best of 120,000 anchors): a partition finds the k-th key, the keys before it
+    and as many equal to it as fit, lowest indices first, are then sorted stably."""
+    n = x.shape[-1]
+    rows = x.reshape(-1, n)
+    if largest:      # an order-reversing key: negation for floats, bitwise not for integers
+        rows = -rows if rows.dtype.kind == "f" else ~rows
+    kth = np.take_along_axis(rows, np.argpartition(rows, k - 1, axis=1)[:, k - 1:k], axis=1)
+    less = rows < kth
+    equal = rows == kth
+    take = less | (equal & (np.cumsum(equal, axis=1) <= k - less.sum(axis=1, keepdims=True)))
+    cols = np.nonzero(take)[1].reshape(-1, k)
+    order = np.argsort(np.take_along_axis(rows, cols, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(cols, order, axis=1).astype(np.int64).reshape(x.shape[:-1] + (k,))
+
+
 def _onehot_infer(idx, depth, values, axis=-1):
     d = int(np.asarray(known(depth, "depth")).reshape(-1)[0])
     r = len(idx.shape) + 1
@@ -177,6 +194,9 @@ def topk(x, k, *, axis=-1, largest=1, sorted=1):
     a = axis_index(axis, x.ndim)
     kk = int(np.asarray(k).reshape(-1)[0])
     n = x.shape[a]
+    if 0 < kk <= n // 8 and x.dtype.kind in "iuf" and not (x.dtype.kind == "f" and np.isnan(x).any()):
+        idx = np.moveaxis(_few_best(np.moveaxis(x, a, -1), kk, largest), -1, a)
+        return np.take_along_axis(x, idx, axis=a), idx
     if largest:   # stable ascending sort of the reversed axis, read backwards
         order = np.flip(n - 1 - np.argsort(np.flip(x, a), axis=a, kind="stable"), a)
     else:
