@@ -427,5 +427,5 @@ def _check(model: onnx.ModelProto, where: str):
     if others:
         raise UnsupportedOpError(others)
     for vi in list(model.graph.input) + list(model.graph.output):
-        if not vi.type.HasField("tensor_type"):
+        if vi.type.WhichOneof("value") not in (None, "tensor_type"):
             raise DocumentError(f"{where}: {vi.name!r} is not a tensor")
