@@ -319,21 +319,9 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
             raise ModelLoadError(f"graph output {out.name!r} is not produced by any node")
         graph.outputs.append(out.name)
     if tail.nodes:
-        _attach_tail(ctx, proto, tail)
+        tail.attach(ctx, proto)
     _compare_with_onnx_inference(proto, bound, graph, skip=tail.produced)
     return graph
-
-
-def _attach_tail(ctx, proto, tail):
-    """The compiled part returns what the tail reads; the graph keeps the model's output order."""
-    from ..runtime.tail import Tail
-    graph = ctx.graph
-    order = [o.name for o in proto.graph.output]
-    model, reads = tail.model(ctx, proto, [o for o in order if o in tail.produced])
-    graph.tail = Tail(model, where=f"the data-dependent part of the model (from node {tail.where()})")
-    graph.tail.starts = list(tail.starts)
-    graph.model_outputs = order
-    graph.outputs += [r for r in reads if r not in graph.outputs and r not in graph.inputs]
 
 
 def _initializer(init: onnx.TensorProto) -> np.ndarray:

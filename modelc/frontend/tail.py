@@ -52,6 +52,18 @@ class TailBuilder:
         self.nodes.append(n)
         self.produced.update(o for o in n.output if o)
 
+    def attach(self, ctx, proto: onnx.ModelProto):
+        """The graph's tail; the compiled part returns what the tail reads, and the graph keeps the
+        model's output order."""
+        from ..runtime.tail import Tail
+        graph = ctx.graph
+        order = [o.name for o in proto.graph.output]
+        model, reads = self.model(ctx, proto, [o for o in order if o in self.produced])
+        graph.tail = Tail(model, where=f"the data-dependent part of the model (from node {self.where()})")
+        graph.tail.starts = list(self.starts)
+        graph.model_outputs = order
+        graph.outputs += [r for r in reads if r not in graph.outputs and r not in graph.inputs]
+
     def model(self, ctx, proto: onnx.ModelProto, outputs: list) -> tuple[onnx.ModelProto, list]:
         """The tail as an ONNX model, and the compiled part's tensors it reads (its inputs)."""
         graph = ctx.graph
