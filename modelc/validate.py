@@ -321,7 +321,7 @@ def check_program(program, constants: dict, path: str = "module program") -> lis
                 _fail(f"{p}.name", f"{io['name']!r} is not in the tensor table")
             if io["shape"] != t["shape"] or io["dtype"] != t["dtype"]:
                 _fail(p, "shape or dtype differs from the tensor table's")
-    if not program["inputs"] and not program["outputs"]:
+    if not program["inputs"] and not program["outputs"] and "tail" not in program:
         _fail(path, "has no inputs and no outputs")
     configs = []
     written = {io["name"] for io in program["inputs"]} | {n for n, t in tensors.items() if t["const"]}

@@ -284,3 +284,17 @@ def test_a_saved_tail_is_checked_before_it_runs(tmp_path):
         return json.dumps(p)
     with pytest.raises(ModelcError, match="not_a_tensor"):
         load(rewrite("input.mc", wrong_input))
+
+
+def test_a_model_that_is_all_tail_runs_without_a_compiled_part():
+    """Unique of the input (nothing to compile), and of a constant (no input at all)."""
+    x = np.array([2, 1, 1, 3, 4, 3], np.int64)
+    for inputs, inits, feeds in (([helper.make_tensor_value_info("x", TensorProto.INT64, [6])], [], {"x": x}),
+                                 ([], [numpy_helper.from_array(x, "x")], {})):
+        m = helper.make_model(helper.make_graph(
+            [helper.make_node("Unique", ["x"], ["y", "i", "inv", "n"], sorted=1)], "g", inputs,
+            [helper.make_tensor_value_info(n, TensorProto.INT64, None) for n in ("y", "i", "inv", "n")], inits),
+            opset_imports=[helper.make_opsetid("", 13)])
+        mod = modelc.compile(m)
+        assert not mod.program["steps"]
+        _same(mod.run(feeds), _ort(m, feeds), ["y", "i", "inv", "n"])
