@@ -387,7 +387,8 @@ class Tail:
         """The tail's outputs, {name: array}, from `values` of its inputs."""
         ev = self._evaluator()
         try:
-            got = ev.run(None, {n: values[n] for n in self.inputs})
+            with np.errstate(all="ignore"):     # overflow to inf is IEEE's answer, as in the kernels
+                got = ev.run(None, {n: values[n] for n in self.inputs})
         except MemoryError:
             raise OutOfMemoryError(f"{self.where} ran out of memory (a shape its data decided)") from None
         except ModelcError:
