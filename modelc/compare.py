@@ -101,7 +101,7 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
     runtimes = {"onnxruntime": peers.runner("onnxruntime", path, threads, shapes)}
     runtimes.update({name: peers.runner(name, path, threads, shapes) for name in against if name != "onnxruntime"})
     out_names = [o["name"] for o in untuned.output_specs]
-    tol = tolerance(o["dtype"] for o in untuned.output_specs)
+    tol = tolerance(o["dtype"] for o in untuned.output_specs if o["dtype"])   # a tail may not say
     for name, m in modules.items():
         runtimes[name] = (lambda m: (lambda feeds: [m.run(feeds)[n] for n in out_names]))(m)
     rng = np.random.default_rng(0)

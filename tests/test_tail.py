@@ -28,7 +28,7 @@ def _ort(m, feeds):
     return s.run(None, feeds)
 
 
-def detector(n_anchors=64, classes=3, threshold=0.7):
+def detector(n_anchors=64, classes=3, threshold=0.7, opset=13):
     """A conv head scoring anchors, then what torchvision's exports do with the scores: a score
     threshold (NonZero), NMS over the survivors, the kept boxes gathered, and a TopK of as many
     boxes as survived (a count the data decides)."""
@@ -45,12 +45,12 @@ def detector(n_anchors=64, classes=3, threshold=0.7):
         helper.make_node("ReduceMax", ["probs"], ["best"], axes=[1], keepdims=0),
         helper.make_node("Greater", ["best", "thr"], ["keep"]),
         helper.make_node("NonZero", ["keep"], ["nz"], name="filter_scores"),
-        helper.make_node("Squeeze", ["nz", "zero1"], ["idx"]),
+        _axes0("Squeeze", "nz", "idx", opset),
         helper.make_node("Gather", ["boxes2", "idx"], ["kb"], axis=0),
         helper.make_node("Gather", ["probs", "idx"], ["kp"], axis=0),
-        helper.make_node("Unsqueeze", ["kb", "zero1"], ["kb3"]),
+        _axes0("Unsqueeze", "kb", "kb3", opset),
         helper.make_node("Transpose", ["kp"], ["kpt"], perm=[1, 0]),
-        helper.make_node("Unsqueeze", ["kpt", "zero1"], ["kp3"]),
+        _axes0("Unsqueeze", "kpt", "kp3", opset),
         helper.make_node("NonMaxSuppression", ["kb3", "kp3", "maxout", "iou", "thr"], ["sel"], name="nms"),
         helper.make_node("Gather", ["sel", "two"], ["bi"], axis=1),
         helper.make_node("Gather", ["kb", "bi"], ["boxes"], axis=0),
@@ -75,7 +75,14 @@ def detector(n_anchors=64, classes=3, threshold=0.7):
     outs = [_vi("boxes", None), _vi("top", None), helper.make_tensor_value_info("sel", TensorProto.INT64, None),
             _vi("energy", [classes + 4])]
     g = helper.make_graph(nodes, "detector", [_vi("x", [1, 8, side, side])], outs, inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), side
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), side
+
+
+def _axes0(op, x, y, opset):
+    """Squeeze or Unsqueeze of axis 0, in the form of the opset (an attribute before 13)."""
+    if opset >= 13:
+        return helper.make_node(op, [x, "zero1"], [y])
+    return helper.make_node(op, [x], [y], axes=[0])
 
 
 def _same(got: dict, want: list, names):
@@ -86,8 +93,10 @@ def _same(got: dict, want: list, names):
             np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * max(float(np.abs(w).max()), 1))
 
 
-def test_a_detector_compiles_its_backbone_and_filters_boxes_on_the_evaluator(tmp_path):
-    m, side = detector()
+@pytest.mark.parametrize("opset", [10, 13])
+def test_a_detector_compiles_its_backbone_and_filters_boxes_on_the_evaluator(tmp_path, opset):
+    """At opset 10 (the old zoo's: TopK's count as an input, axes as attributes) and 13."""
+    m, side = detector(opset=opset)
     mod = modelc.compile(m)
     assert mod.tail is not None and mod.program["steps"], "the conv head is compiled, the filtering is not"
     assert [o["name"] for o in mod.output_specs] == ["boxes", "top", "sel", "energy"]
