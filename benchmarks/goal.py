@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import modelc  # noqa: E402
 from modelc import peers  # noqa: E402
-from modelc.compare import TOLERANCE, alternating_timings  # noqa: E402
+from modelc.compare import TOLERANCE, alternating_timings, outputs_in_order  # noqa: E402
 from modelc.resolve import resolve_model  # noqa: E402
 from modelc.target import current as current_target  # noqa: E402
 from modelc.tune import module_check  # noqa: E402
@@ -108,7 +108,7 @@ def bench(model: str, budgets: list, out: str, threads: int, rounds: int) -> dic
     except modelc.ModelcError:
         pass
     for k, m in mods.items():
-        runs[k] = (lambda m: (lambda f: [m.run(f)[n] for n in out_names]))(m)
+        runs[k] = (lambda m: (lambda f: outputs_in_order(m.run(f), out_names)))(m)
     want = runs["onnxruntime"](feeds)
     errs = {k: rel_err(r(feeds), want) for k, r in runs.items() if k != "onnxruntime"}
     times = alternating_timings({k: (lambda r: (lambda: r(feeds)))(r) for k, r in runs.items()}, rounds)

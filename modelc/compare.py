@@ -103,7 +103,7 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
     out_names = [o["name"] for o in untuned.output_specs]
     tol = tolerance(o["dtype"] for o in untuned.output_specs if o["dtype"])   # a tail may not say
     for name, m in modules.items():
-        runtimes[name] = (lambda m: (lambda feeds: [m.run(feeds)[n] for n in out_names]))(m)
+        runtimes[name] = (lambda m: (lambda feeds: outputs_in_order(m.run(feeds), out_names)))(m)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(spec["shape"]).astype(spec["dtype"]) for _ in range(inputs)]
     feeds = {in_name: xs[0]}
@@ -134,6 +134,11 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
         res["per_layer"]["latency_ms"] = {r["runtime"]: r["median_ms"] for r in rows
                                           if r["runtime"] in ("onnxruntime", res["per_layer"]["module"])}
     return res
+
+
+def outputs_in_order(outputs: dict, names: list) -> list:
+    """One run's outputs as a list (a run per output had timed multi-output models several times)."""
+    return [outputs[n] for n in names]
 
 
 def _cpu() -> str:
