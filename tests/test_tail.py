@@ -307,3 +307,26 @@ def test_a_model_that_is_all_tail_runs_without_a_compiled_part():
         mod = modelc.compile(m)
         assert not mod.program["steps"]
         _same(mod.run(feeds), _ort(m, feeds), ["y", "i", "inv", "n"])
+
+
+def test_an_if_known_at_import_whose_branch_filters_boxes_goes_to_the_tail():
+    """torchvision's `if boxes.numel() == 0` may be decided by shapes; its branch still holds NMS."""
+    boxes = RNG.random((1, 30, 4)).astype(np.float32) * 10
+    nms = helper.make_graph(
+        [helper.make_node("NonMaxSuppression", ["boxes", "scores", "maxout", "iou"], ["sel"])], "nms", [],
+        [helper.make_tensor_value_info("sel", TensorProto.INT64, None)])
+    empty = helper.make_graph(
+        [helper.make_node("Constant", [], ["none"], value=numpy_helper.from_array(np.zeros((0, 3), np.int64)))],
+        "none", [], [helper.make_tensor_value_info("none", TensorProto.INT64, None)])
+    nodes = [helper.make_node("Size", ["boxes"], ["n"]),
+             helper.make_node("Equal", ["n", "zero"], ["is_empty"]),
+             helper.make_node("If", ["is_empty"], ["out"], then_branch=empty, else_branch=nms, name="maybe_nms")]
+    m = helper.make_model(helper.make_graph(
+        nodes, "g", [_vi("boxes", [1, 30, 4]), _vi("scores", [1, 2, 30])],
+        [helper.make_tensor_value_info("out", TensorProto.INT64, None)],
+        [numpy_helper.from_array(np.int64(0), "zero"), numpy_helper.from_array(np.array([5], np.int64), "maxout"),
+         numpy_helper.from_array(np.array([0.3], np.float32), "iou")]), opset_imports=[helper.make_opsetid("", 13)])
+    mod = modelc.compile(m)
+    assert mod.tail.starts[0][0] == "maybe_nms" and "NonMaxSuppression" in mod.tail.starts[0][1]
+    feeds = {"boxes": boxes, "scores": RNG.random((1, 2, 30)).astype(np.float32)}
+    _same(mod.run(feeds), _ort(m, feeds), ["out"])

@@ -156,6 +156,9 @@ class Context:
                                      "(the nodes may not be in topological order)")
         check_types(n, index, self.opset, [graph.tensors[t].dtype if t in graph.tensors else None
                                            for t in node.inputs])
+        if n.op_type in TAIL_OPS and n.op_type not in ops.REGISTRY and n.domain in ONNX_DOMAINS:
+            # (in an If's branch or a Loop's body too: the whole node goes to the tail)
+            raise DynamicError(f"{node.where()} decides its output's shape from the data")
         outer, self.current = self.current, node
         if functions.expands(n.op_type, n.domain, self.opset):
             functions.expand(self, n, node)
@@ -301,9 +304,6 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
     for i, n in enumerate(g.node):
         if tail.takes(n):
             tail.add(n)
-            continue
-        if n.op_type in TAIL_OPS and n.domain in ONNX_DOMAINS and n.op_type not in ops.REGISTRY:
-            tail.add(n, f"{n.op_type} decides its output's shape from the data")
             continue
         try:
             ctx.import_node(n, i)
