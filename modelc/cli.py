@@ -42,8 +42,9 @@ def cmd_info(args):
     print(f"graph   {graph.name}, opset {graph.opset}, {len(graph)} nodes")
     for name in graph.inputs:
         print(f"input   {graph.tensors[name]!r}")
-    for name in graph.outputs:
-        print(f"output  {graph.tensors[name]!r}")
+    for name in graph.model_outputs or graph.outputs:
+        print(f"output  {graph.tensors[name]!r}" if name not in graph.tail_outputs() else
+              f"output  {name} (its shape decided by the data, in the tail)")
     print(f"params  {params:,} ({params / 1e6:.2f} M)")
     macs = graph_macs(graph)
     print(f"MACs    {macs:,} ({macs / 1e9:.3f} G)")

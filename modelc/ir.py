@@ -289,6 +289,10 @@ class Graph:
         lines += [f"  output {fmt(o)}" for o in self.outputs]
         return "\n".join(lines)
 
+    def tail_outputs(self) -> set:
+        """The model's outputs the data-dependent tail computes."""
+        return set(self.tail.outputs) if self.tail is not None else set()
+
     def copy(self) -> "Graph":
         g = Graph(self.name)
         g.opset = self.opset

@@ -330,3 +330,18 @@ def test_an_if_known_at_import_whose_branch_filters_boxes_goes_to_the_tail():
     assert mod.tail.starts[0][0] == "maybe_nms" and "NonMaxSuppression" in mod.tail.starts[0][1]
     feeds = {"boxes": boxes, "scores": RNG.random((1, 2, 30)).astype(np.float32)}
     _same(mod.run(feeds), _ort(m, feeds), ["out"])
+
+
+def test_info_and_compile_say_where_the_tail_begins(tmp_path, capsys):
+    from modelc.cli import main
+    m, side = detector()
+    path = str(tmp_path / "det.onnx")
+    onnx.save(m, path)
+    for argv in (["info", path], ["compile", path, "-q", "-o", str(tmp_path / "det.mc")]):
+        assert main(argv) == 0
+        out = capsys.readouterr().out
+        assert "run on ONNX's reference evaluator" in out, out
+        assert "filter_scores: node 'filter_scores' (NonZero) decides its output's shape" in out, out
+    main(["info", path])
+    out = capsys.readouterr().out
+    assert "output  boxes (its shape decided by the data" in out and "output  energy:float32[7]" in out, out
