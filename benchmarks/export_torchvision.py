@@ -6,6 +6,10 @@ is exported twice, by the TorchScript exporter at opset 13 and by the dynamo exp
 weights as external data), since real users hand us both kinds.
 
     python benchmarks/export_torchvision.py -o /tmp/tv [resnet50 densenet121 ...]
+    python benchmarks/export_torchvision.py -o /tmp/det --detection     # detectors: one image, TorchScript
+
+Detectors take a list of one [3, H, W] image and end in box filtering, which modelc runs in the
+data-dependent tail; the dynamo exporter does not export them here, so they come at opset 13 only.
 """
 from __future__ import annotations
 
@@ -37,6 +41,37 @@ def _models():
     }
 
 
+def _detectors():
+    import torchvision.models.detection as D
+    no = dict(weights=None, weights_backbone=None)
+    return {"ssdlite320_mobilenet_v3_large": (lambda: D.ssdlite320_mobilenet_v3_large(**no), 320),
+            "ssd300_vgg16": (lambda: D.ssd300_vgg16(**no), 300),
+            "retinanet_resnet50_fpn": (lambda: D.retinanet_resnet50_fpn(**no), 512),
+            "fcos_resnet50_fpn": (lambda: D.fcos_resnet50_fpn(**no), 512),
+            "fasterrcnn_mobilenet_v3_large_320_fpn": (lambda: D.fasterrcnn_mobilenet_v3_large_320_fpn(**no), 320),
+            "maskrcnn_resnet50_fpn": (lambda: D.maskrcnn_resnet50_fpn(**no), 512),
+            "keypointrcnn_resnet50_fpn": (lambda: D.keypointrcnn_resnet50_fpn(**no), 512)}
+
+
+def _export_detectors(names, out):
+    import torch
+    models = _detectors()
+    for name in names or list(models):
+        path = os.path.join(out, f"{name}_ts13.onnx")
+        if os.path.exists(path):
+            continue
+        ctor, size = models[name]
+        torch.manual_seed(0)
+        net = ctor().eval()
+        try:
+            with torch.no_grad():
+                torch.onnx.export(net, ([torch.rand(3, size, size)],), path, input_names=["images"],
+                                  dynamo=False, opset_version=13)
+            print("exported", path, flush=True)
+        except Exception as e:
+            print(f"not exported {path}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
 def main(argv=None):
     import torch
     warnings.filterwarnings("ignore")
@@ -44,9 +79,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*", help=f"default: all of {', '.join(models)}")
     ap.add_argument("-o", "--out", required=True, help="output folder")
+    ap.add_argument("--detection", action="store_true",
+                    help="export torchvision's detectors instead (SSD, SSDlite, RetinaNet, FCOS, Faster, Mask and "
+                         "Keypoint R-CNN)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(1)
+    if args.detection:
+        _export_detectors(args.names, args.out)
+        return
 
     class Logits(torch.nn.Module):       # segmentation models return {"out": ...}
         def __init__(self, m):
