@@ -65,9 +65,7 @@ def compile(model, shape: dict | None = None, jobs: int | None = None, progress:
     graph = model if isinstance(model, Graph) else from_onnx(model, shape=shape)
     program, consts = build_program(lower(graph))
     if graph.tail is not None:
-        program["tail"] = {"inputs": list(graph.tail.inputs), "model_outputs": list(graph.model_outputs),
-                           "outputs": [{"name": n, "dtype": graph.tail.dtypes[n].name if graph.tail.dtypes[n]
-                                        is not None else None} for n in graph.tail.outputs]}
+        program["tail"] = {**graph.tail.interface(), "model_outputs": list(graph.model_outputs)}
     bar = None
     if progress:
         from tqdm import tqdm

@@ -41,6 +41,7 @@ class TailBuilder:
     def __init__(self):
         self.nodes: list[onnx.NodeProto] = []
         self.produced: set[str] = set()
+        self.read: set[str] = set()                 # every name its nodes read, its own included
         self.starts: list[tuple[str, str]] = []     # (node, why) of each node that began a branch of it
 
     def takes(self, n: onnx.NodeProto) -> bool:
@@ -50,6 +51,7 @@ class TailBuilder:
         if why is not None:
             self.starts.append((n.name or n.op_type, why))
         self.nodes.append(n)
+        self.read |= outer_names(n)
         self.produced.update(o for o in n.output if o)
 
     def attach(self, ctx, proto: onnx.ModelProto):
@@ -67,11 +69,8 @@ class TailBuilder:
     def model(self, ctx, proto: onnx.ModelProto, outputs: list) -> tuple[onnx.ModelProto, list]:
         """The tail as an ONNX model, and the compiled part's tensors it reads (its inputs)."""
         graph = ctx.graph
-        read = set()
-        for n in self.nodes:
-            read |= outer_names(n)
         inputs, inits = [], []
-        for name in sorted(read - self.produced):
+        for name in sorted(self.read - self.produced):
             if name in ctx.sequences:
                 raise DynamicError(f"the data-dependent part of the model (from {self.where()}) reads "
                                    f"sequence {name!r}; modelc passes it tensors only")

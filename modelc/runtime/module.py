@@ -455,13 +455,9 @@ def _bind_tail(program: dict, tail):
         raise DocumentError("the module's program describes a data-dependent tail, but it holds none")
     if not isinstance(tail, Tail):
         tail = Tail(tail, where="the module's data-dependent tail (tail.onnx)")
-    spec = program["tail"]
-    if tail.inputs != spec["inputs"] or tail.outputs != [o["name"] for o in spec["outputs"]]:
-        raise DocumentError("the module's data-dependent tail takes or gives other tensors than its "
-                            "program says")
-    if [tail.dtypes[o["name"]] and tail.dtypes[o["name"]].name for o in spec["outputs"]] != \
-            [o["dtype"] for o in spec["outputs"]]:
-        raise DocumentError("the module's data-dependent tail gives other dtypes than its program says")
+    if tail.interface() != {k: program["tail"][k] for k in ("inputs", "outputs")}:
+        raise DocumentError("the module's data-dependent tail takes or gives other tensors (or dtypes) "
+                            "than its program says")
     return tail
 
 

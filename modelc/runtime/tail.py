@@ -5,12 +5,13 @@ many boxes as are left, an If on whether any is. The number of boxes is known on
 runs, so no kernel can be generated for these nodes or for anything that reads their results. The
 importer (frontend/tail.py) compiles everything before them and keeps these nodes as they are in the
 model: a plain ONNX graph whose inputs are the compiled part's results. It runs on
-`onnx.reference.ReferenceEvaluator` (ONNX's own executable definition of every op), with numpy
-versions of the ops its Python loops make slow here (NonMaxSuppression, GatherND, RoiAlign).
-The backbone, where the time goes, runs compiled; the tail is the boxes' bookkeeping.
+`onnx.reference.ReferenceEvaluator` (ONNX's own executable definition of every op), with modelc's
+versions of the ops its Python loops make slow here (FAST_OPS: NonMaxSuppression and RoiAlign by
+numba, TopK, GatherND, ScatterElements, Conv on modelc's numpy ops). The backbone, where the time
+goes, runs compiled; the tail is the boxes' bookkeeping.
 
-A tail may come from a saved module: it is validated (onnx's checker, the default domain only, ops
-the evaluator has) before it is run, and each thread runs its own evaluator.
+A tail may come from a saved module: it is checked (ONNX's own ops on tensors only) and its evaluator
+built before it is run, and each thread runs its own evaluator.
 """
 from __future__ import annotations
 
@@ -54,16 +55,17 @@ class NonMaxSuppression(OpRun):
             lo, hi = np.minimum(a, b), np.maximum(a, b)
         areas = (hi[..., 0] - lo[..., 0]) * (hi[..., 1] - lo[..., 1])
         iou = dt(_scalar(iou_threshold, 0.0))
-        has_threshold = score_threshold is not None and np.asarray(score_threshold).size > 0
+        threshold = _scalar(score_threshold, None)
+        if threshold is not None:
+            threshold = scores.dtype.type(threshold)
         found = []
         for b in range(scores.shape[0]):
+            lo_b, hi_b, areas_b = (np.ascontiguousarray(v[b]) for v in (lo, hi, areas))
             for c in range(scores.shape[1]):
                 s = scores[b, c]
-                cand = np.flatnonzero(s > np.asarray(score_threshold, s.dtype).reshape(-1)[0]) \
-                    if has_threshold else np.arange(s.shape[0])
+                cand = np.flatnonzero(s > threshold) if threshold is not None else np.arange(s.shape[0])
                 order = cand[np.argsort(-s[cand], kind="stable")]
-                picked = _select()(np.ascontiguousarray(lo[b]), np.ascontiguousarray(hi[b]),
-                                   np.ascontiguousarray(areas[b]), order, limit, iou)
+                picked = _select()(lo_b, hi_b, areas_b, order, limit, iou)
                 if picked.size:
                     found.append(np.stack([np.full(picked.size, b), np.full(picked.size, c), picked], axis=1))
         return (np.concatenate(found).astype(np.int64) if found else np.empty((0, 3), np.int64),)
@@ -331,7 +333,7 @@ class Loop(_ReferenceLoop):
     def _run(self, M, cond, *args, **kwargs):
         if cond is None:            # an omitted condition is true (the reference runs no iteration)
             cond = np.array(True)
-        if (M is not None and int(np.asarray(M).reshape(-1)[0]) <= 0) or not bool(np.asarray(cond).reshape(-1)[0]):
+        if (M is not None and int(_scalar(M, 0)) <= 0) or not bool(_scalar(cond, True)):
             # no iteration: the loop-carried values as given, empty scan outputs (the reference's
             # vstack of nothing fails)
             scans = [np.empty((0,), _elem_dtype(o) or np.float32) for o in self.body.onnx_graph_.output[1 + self.N:]]
@@ -371,6 +373,11 @@ class Tail:
 
     def bytes(self) -> bytes:
         return self.model.SerializeToString()
+
+    def interface(self) -> dict:
+        """What a module's program says of its tail (and checks a saved tail against)."""
+        return {"inputs": list(self.inputs),
+                "outputs": [{"name": n, "dtype": d.name if d is not None else None} for n, d in self.dtypes.items()]}
 
     def _evaluator(self) -> ReferenceEvaluator:
         ev = getattr(self._local, "ev", None)
