@@ -25,6 +25,7 @@ from . import functions
 from . import legacy  # noqa: F401  (registers the opset converters)
 from .control_flow import all_nodes
 from .experimental import EXPERIMENTAL
+from .quantized_contrib import CONTRIB_DOMAIN, CONTRIB_OPS
 from .tail import TAIL_OPS, TailBuilder
 from .validate import check_node, check_text, check_types, schema
 
@@ -350,6 +351,8 @@ def _check_supported(g: onnx.GraphProto, opset: int):
     """Raise one error listing every op type the model uses that modelc cannot import."""
     missing: dict[str, list[str]] = {}
     for i, n in enumerate(all_nodes(g)):
+        if n.domain == CONTRIB_DOMAIN and n.op_type in CONTRIB_OPS:
+            continue      # onnxruntime's quantized ops (quantized_contrib.py)
         if n.domain not in ONNX_DOMAINS:
             key = f"{n.domain}.{n.op_type}"
         elif (n.op_type in ops.REGISTRY or n.op_type in conv.CONVERTED_AWAY or n.op_type in TAIL_OPS) and \

@@ -88,6 +88,9 @@ def check_node(n: onnx.NodeProto, index: int, opset: int):
     """Raise ModelLoadError unless node `n`'s attributes, inputs and outputs fit its schema."""
     s = schema(n.op_type, n.domain, opset)
     if s is None:
+        from .quantized_contrib import CONTRIB_DOMAIN, CONTRIB_OPS, check_contrib
+        if n.domain == CONTRIB_DOMAIN and n.op_type in CONTRIB_OPS:
+            check_contrib(n, index)
         return
     where = f"node {n.name or '#' + str(index)!r} ({n.op_type})"
     seen = set()

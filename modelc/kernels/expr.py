@@ -151,6 +151,8 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
         if op == "Div" and dt.kind == "i":
             # exact (a float division loses int64 digits beyond 2^53), truncated toward zero
             return f"{ctor(dt)}(div_int({args[0]}, {args[1]}))"
+        if op == "Div" and dt.kind == "f":
+            return f"fdiv({args[0]}, {args[1]})"       # rounded once (intrinsics.fdiv says why)
         return _int(f"({args[0]} {binary[op]} {args[1]})", dt)
     if op == "Pow":
         return _pow(a, args[1], dt, consts.get(1), (arg_dtypes or [None, None])[1])

@@ -119,6 +119,24 @@ def _minmax(name: str, nan: bool = False):
     return fn
 
 
+@intrinsic
+def fdiv(typingctx, a, b):
+    """a / b rounded once, as IEEE and onnxruntime divide. The kernels' `arcp` lets LLVM multiply by
+    a reciprocal hoisted out of the loop instead, 1 ulp off, which moved a QuantizeLinear's x / scale
+    across a rounding tie (25 where onnxruntime gives 26). numba adds the kernel's flags only to
+    instructions that have none, so this `fdiv` carries `nsz` alone (a float64 quotient rounded to
+    float32 does not help: LLVM narrows it back to a float32 division, then applies `arcp`)."""
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        q = builder.fdiv(args[0], args[1])
+        q.flags.append("nsz")
+        return q
+
+    return a(a, b), codegen
+
+
 fmax = _minmax("maxnum")
 fmin = _minmax("minnum")
 # NaN-propagating: elementwise Clip in an epilogue, where numba's min(max()) stays scalar
@@ -271,7 +289,7 @@ FLOAT_BITS = [imports("float_bits")]
 HELPERS = {"fast_erf": FAST_ERF, "fast_sigmoid32": FAST_SIGMOID, "fast_tanh32": FAST_TANH, "pow_exact": POW_EXACT,
            "mod_exact": MOD_EXACT, "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "div_int": DIV_INT,
            "float_bits": FLOAT_BITS, "fmaximum": [imports("fmaximum")], "fminimum": [imports("fminimum")],
-           "h2f": [imports("h2f")], "f2h": [imports("f2h")], "r16": [imports("r16")]}
+           "fdiv": [imports("fdiv")], "h2f": [imports("h2f")], "f2h": [imports("f2h")], "r16": [imports("r16")]}
 
 
 def calls_polynomial(body: list) -> bool:

@@ -154,7 +154,8 @@ class Conv2dWinograd(Template):
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
         # a ScaledConv's gate multiplies the input, which Winograd's transform does not take
-        if a.op != "Conv" or not get(self.alternative_to).matches(wl):
+        # an `exact` conv sums integers (a quantized op's), which Winograd's fractions would round
+        if a.op != "Conv" or a.attr("exact", 0) or not get(self.alternative_to).matches(wl):
             return False
         w = wl.spec(a.args[1])
         g = conv_geometry(wl)

@@ -49,7 +49,8 @@ def _blocked_native(graph: Graph, node: Node) -> bool:
     if len(x.shape) != 4 or x.dtype not in _BLOCKED_DTYPES:
         return False
     if a.op_type in CONVS:
-        if not graph.tensors[_outer(node, a.inputs[1])].is_const and sub.value(a.inputs[1]) is None:
+        w = graph.tensors.get(_outer(node, a.inputs[1]))   # (None: computed inside the group)
+        if (w is None or not w.is_const) and sub.value(a.inputs[1]) is None:
             return False
         # grouped ones where conv_generic vectorises over a group's output channels (8k of them):
         # it reads and writes blocks through their layout. With fewer, it vectorises along the
