@@ -1,7 +1,9 @@
 """Remove ops that compute nothing and give pure reshapes one canonical form.
 
 Identity, inference-mode Dropout, Cast to the same dtype, Expand to the same shape and Transpose
-by the identity permutation are dropped. Flatten, Squeeze and Unsqueeze are all row-major
+by the identity permutation are dropped, and so is a cast to an integer type and back of floats that
+are integers in its range already (a quantized op's output read by the next one's dequantize).
+Flatten, Squeeze and Unsqueeze are all row-major
 reshapes, so they become Reshape to a constant shape; chains of reshapes collapse to one, and a
 reshape to the same shape disappears.
 """
@@ -31,12 +33,41 @@ def _is_noop(graph: Graph, node: Node) -> bool:
     return False
 
 
+def _integer_round_trip(graph: Graph, node: Node) -> bool:
+    """Cast(Cast(y, int type), y's float type) where y = Clip(Round(v) [+ integral constants],
+    lo, hi) with lo and hi within the integer type: y itself (quantize, then dequantize)."""
+    first = graph.producer(node.inputs[0])
+    if first is None or first.op_type != "Cast":
+        return False
+    y, mid = graph.tensors[first.inputs[0]], graph.tensors[first.outputs[0]]
+    if graph.tensors[node.outputs[0]].dtype != y.dtype or y.dtype.kind != "f" or mid.dtype.kind not in "iu":
+        return False
+    clip = graph.producer(y.name)
+    if clip is None or clip.op_type != "Clip" or len(clip.inputs) != 3 or not all(clip.inputs):
+        return False
+    info = np.iinfo(mid.dtype)
+    lo, hi = graph.value(clip.inputs[1]), graph.value(clip.inputs[2])
+    if lo is None or hi is None or lo.size != 1 or hi.size != 1 or not info.min <= lo.item() <= hi.item() <= info.max:
+        return False
+    r = graph.producer(clip.inputs[0])
+    while r is not None and r.op_type == "Add" and len(r.inputs) == 2:
+        consts = [graph.value(i) for i in r.inputs]
+        k = 0 if consts[0] is not None else 1
+        if consts[k] is None or consts[1 - k] is not None or not np.all(np.round(consts[k]) == consts[k]):
+            return False
+        r = graph.producer(r.inputs[1 - k])
+    return r is not None and r.op_type == "Round"
+
+
 def simplify(graph: Graph) -> Graph:
     for node in graph.topo():
         if node.name not in graph.nx:
             continue
         if _is_noop(graph, node):
             forward(graph, node, node.inputs[0])
+            continue
+        if node.op_type == "Cast" and _integer_round_trip(graph, node):
+            forward(graph, node, graph.producer(node.inputs[0]).inputs[0])
             continue
         if node.op_type in _RESHAPES:
             _canonical_reshape(graph, node)
