@@ -21,7 +21,7 @@ from .. import ops
 from ..errors import DynamicError, ModelcError, ModelLoadError, ShapeError, UnsupportedOpError
 from ..ir import Graph, Node, Tensor
 from . import converters as conv
-from . import functions
+from . import functions, qdq
 from . import legacy  # noqa: F401  (registers the opset converters)
 from .control_flow import all_nodes
 from .experimental import EXPERIMENTAL
@@ -272,7 +272,8 @@ def from_onnx(model, shape: dict | None = None, check: bool = True,
     _check_supported(g, opset)
     for i, n in enumerate(g.node):
         check_node(n, i, opset)
-
+    proto = qdq.fuse_groups(proto)     # (after the checks: their errors name the model's own nodes)
+    g = proto.graph
     graph = Graph(g.name or "graph")
     graph.opset = opset
     ctx = Context(graph, opset)

@@ -204,7 +204,7 @@ def conv_integer(ctx, node):
     cast(ctx, acc, np.int32, outputs=[node.outputs[0]])
 
 
-def _int_matmul(ctx, node, a, azp, b, bzp) -> str:
+def int_matmul(ctx, node, a, azp, b, bzp) -> str:
     """(a - a_zero_point) @ (b - b_zero_point), exact in float32; a's zero point may be one per
     row of a 2-D a, b's one per column."""
     ra, rb = len(ctx.shape(a)), len(ctx.shape(b))
@@ -217,13 +217,13 @@ def _int_matmul(ctx, node, a, azp, b, bzp) -> str:
 def matmul_integer(ctx, node):
     a, b = node.inputs[:2]
     azp, bzp = (list(node.inputs[2:4]) + ["", ""])[:2]
-    acc = _int_matmul(ctx, node, a, azp, b, bzp)
+    acc = int_matmul(ctx, node, a, azp, b, bzp)
     cast(ctx, acc, np.int32, outputs=[node.outputs[0]])
 
 
 @converter("QLinearMatMul", since=1, away=True)
 def qlinear_matmul(ctx, node):
     a, as_, azp, b, bs, bzp, ys, yzp = node.inputs[:8]
-    acc = _int_matmul(ctx, node, a, azp, b, bzp)
+    acc = int_matmul(ctx, node, a, azp, b, bzp)
     rank = len(ctx.shape(acc))
     requantize(ctx, node, acc, [(as_, max(rank - 2, 0)), (bs, rank - 1)], ys, yzp, node.outputs)

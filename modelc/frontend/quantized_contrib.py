@@ -30,6 +30,7 @@ CONTRIB_OPS = {
     "QLinearSoftmax": (4, 5, (0, 1, 3), {"axis", "opset"}),
     "QLinearConcat": (5, 2 + 3 * 4096, (0,), {"axis"}),
     "QGemm": (6, 9, (0, 1, 3, 4), {"alpha", "transA", "transB"}),
+    "MatMulIntegerToFloat": (4, 7, (0, 1, 2, 3), set()),
 }
 
 
@@ -200,3 +201,19 @@ def _qgemm(ctx, node):
         s = q.along(ctx, node, q.as_float(ctx, s), ctx.shape(acc), axis)
         m = s if m is None else ctx.emit("Mul", [m, s])[0]
     ctx.emit("Mul", [acc, m], outputs=[node.outputs[0]])
+
+
+@converter("MatMulIntegerToFloat", away=True)
+def _matmul_integer_to_float(ctx, node):
+    """(A - a_zp) @ (B - b_zp) * (a_scale * b_scale) [+ bias], the product exact in float32."""
+    a, b, as_, bs = node.inputs[:4]
+    azp, bzp, bias = (list(node.inputs[4:7]) + ["", "", ""])[:3]
+    acc = q.int_matmul(ctx, node, a, azp, b, bzp)
+    rank = len(ctx.shape(acc))
+    m, = ctx.emit("Mul", [q.along(ctx, node, q.as_float(ctx, as_), ctx.shape(acc), max(rank - 2, 0)),
+                          q.along(ctx, node, q.as_float(ctx, bs), ctx.shape(acc), rank - 1)])
+    if not bias:
+        ctx.emit("Mul", [acc, m], outputs=[node.outputs[0]])
+        return
+    y, = ctx.emit("Mul", [acc, m])
+    ctx.emit("Add", [y, q.as_float(ctx, bias)], outputs=[node.outputs[0]])
