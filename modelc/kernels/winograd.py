@@ -154,8 +154,7 @@ class Conv2dWinograd(Template):
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
         # a ScaledConv's gate multiplies the input, which Winograd's transform does not take
-        # an `exact` conv sums integers (a quantized op's), which Winograd's fractions would round
-        if a.op != "Conv" or a.attr("exact", 0) or not get(self.alternative_to).matches(wl):
+        if a.op != "Conv" or not get(self.alternative_to).matches(wl):
             return False
         w = wl.spec(a.args[1])
         g = conv_geometry(wl)
@@ -178,7 +177,10 @@ class Conv2dWinograd(Template):
         tg = target.current()
         lanes, most = tg.lanes(4), tg.max_tile_vectors
         sp = ConfigSpace()
-        sp.define_knob("tile_size", [m for m in MATRICES if m <= min(_smallest(g))])
+        # an `exact` conv sums integers (a quantized op's): F(2x2, 3x3) transforms them by halves and
+        # quarters, which float32 holds exactly; F(4x4, 3x3)'s sixths it would round
+        sizes = [2] if wl.anchor.attr("exact", 0) else list(MATRICES)
+        sp.define_knob("tile_size", [m for m in sizes if m <= min(_smallest(g))])
         sp.define_knob("tile_tiles", [t for t in TT_CANDIDATES if t <= _tiles(g, 2)[2]])
         blocks = g.K // g.KB
         sp.define_knob("tile_oc_blocks", [b for b in (1, 2, 4) if b <= blocks and b * g.KB <= 4 * lanes])
