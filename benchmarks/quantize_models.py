@@ -24,7 +24,9 @@ import tempfile
 import numpy as np
 import onnx
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+# (this directory's float16.py would shadow the module of that name onnxruntime's quantizer imports)
+sys.path = [os.path.join(HERE, "..")] + [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 import models  # noqa: E402
 
 DEFAULT = ["resnet18", "mobilenet_v2", "efficientnet_b0", "squeezenet1_1", "transformer"]
