@@ -221,8 +221,8 @@ FAST_TANH = [
 FAST_ERF = [
     f"@numba.njit(fastmath={FASTMATH}, inline='always')",
     "def fast_erf(x):",
-    "    x = x if x < np.float32(4.0) else np.float32(4.0)",
-    "    x = x if x > np.float32(-4.0) else np.float32(-4.0)",
+    "    x = np.float32(4.0) if x >= np.float32(4.0) else x",      # (NaN stays NaN, as erf(NaN))
+    "    x = np.float32(-4.0) if x <= np.float32(-4.0) else x",
     "    x2 = x * x",
     "    p = x2 * np.float32(-2.72614225801306e-10) + np.float32(2.77068142495902e-08)",
     "    p = x2 * p + np.float32(-2.10102402082508e-06)",

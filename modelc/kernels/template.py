@@ -301,7 +301,7 @@ def broadcast_index(shape, out_shape, out_idx: list) -> list:
 
 def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtype,
              start_ref: str, var: str = "e", unsigned: bool = False,
-             fast_erf: bool = False) -> tuple[list, str]:
+             fast_erf: bool = True) -> tuple[list, str]:
     """Lines applying elementwise `ops` to `value` (the result `start_ref`) at `out_idx`.
 
     Operands are the running value, workload inputs (read from their own layout, broadcast
