@@ -25,6 +25,7 @@ _ONNX_TYPE = {np.dtype(np.uint8): 2, np.dtype(np.int8): 3, np.dtype(np.uint16): 
               np.dtype(np.int32): 6, np.dtype(np.float16): 10, np.dtype(np.float32): 1,
               np.dtype(np.float64): 11}
 QUANTIZED = (np.uint8, np.int8, np.uint16, np.int16)
+EXACT = {"exact": 1}         # a Mul rounded once in kernels, as onnxruntime's (intrinsics.fmul)
 CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
@@ -122,7 +123,7 @@ def requantize(ctx, node, acc: str, scales: list, y_scale: str, zp: str, outputs
         s = along(ctx, node, as_float(ctx, s), shape, axis)
         m = s if m is None else ctx.emit("Mul", [m, s])[0]
     m, = ctx.emit("Div", [m, along(ctx, node, as_float(ctx, y_scale), shape, 0)])
-    v, = ctx.emit("Mul", [acc, m])
+    v, = ctx.emit("Mul", [acc, m], attrs=EXACT)
     saturate(ctx, node, v, zp, ctx.dtype(zp), outputs)
 
 
@@ -133,7 +134,7 @@ def dequantize(ctx, node, q: str, scale: str, zp: str, outputs, axis: int = 0, b
         raise ModelcError(f"{node.where()}: scale {scale!r} is {ctx.dtype(scale)}, not a float type")
     s = along(ctx, node, as_float(ctx, scale), ctx.shape(q), axis, block)
     y = outputs[0] if dtype == np.float32 else None
-    v, = ctx.emit("Mul", [centered(ctx, node, q, zp, axis, block), s], outputs=[y] if y else None)
+    v, = ctx.emit("Mul", [centered(ctx, node, q, zp, axis, block), s], outputs=[y] if y else None, attrs=EXACT)
     if y is None:
         cast(ctx, v, dtype, outputs=[outputs[0]])
 

@@ -200,7 +200,7 @@ def _qgemm(ctx, node):
     for s, axis in scales:
         s = q.along(ctx, node, q.as_float(ctx, s), ctx.shape(acc), axis)
         m = s if m is None else ctx.emit("Mul", [m, s])[0]
-    ctx.emit("Mul", [acc, m], outputs=[node.outputs[0]])
+    ctx.emit("Mul", [acc, m], outputs=[node.outputs[0]], attrs=q.EXACT)
 
 
 @converter("MatMulIntegerToFloat", away=True)
@@ -213,7 +213,7 @@ def _matmul_integer_to_float(ctx, node):
     m, = ctx.emit("Mul", [q.along(ctx, node, q.as_float(ctx, as_), ctx.shape(acc), max(rank - 2, 0)),
                           q.along(ctx, node, q.as_float(ctx, bs), ctx.shape(acc), rank - 1)])
     if not bias:
-        ctx.emit("Mul", [acc, m], outputs=[node.outputs[0]])
+        ctx.emit("Mul", [acc, m], outputs=[node.outputs[0]], attrs=q.EXACT)
         return
     y, = ctx.emit("Mul", [acc, m])
     ctx.emit("Add", [y, q.as_float(ctx, bias)], outputs=[node.outputs[0]])

@@ -153,6 +153,8 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
             return f"{ctor(dt)}(div_int({args[0]}, {args[1]}))"
         if op == "Div" and dt.kind == "f":
             return f"fdiv({args[0]}, {args[1]})"       # rounded once (intrinsics.fdiv says why)
+        if op == "Mul" and dt.kind == "f" and attrs.get("exact"):
+            return f"fmul({args[0]}, {args[1]})"       # a quantized op's (intrinsics.fmul)
         return _int(f"({args[0]} {binary[op]} {args[1]})", dt)
     if op == "Pow":
         return _pow(a, args[1], dt, consts.get(1), (arg_dtypes or [None, None])[1])

@@ -119,22 +119,33 @@ def _minmax(name: str, nan: bool = False):
     return fn
 
 
-@intrinsic
-def fdiv(typingctx, a, b):
-    """a / b rounded once, as IEEE and onnxruntime divide. The kernels' `arcp` lets LLVM multiply by
-    a reciprocal hoisted out of the loop instead, 1 ulp off, which moved a QuantizeLinear's x / scale
-    across a rounding tie (25 where onnxruntime gives 26). numba adds the kernel's flags only to
-    instructions that have none, so this `fdiv` carries `nsz` alone (a float64 quotient rounded to
-    float32 does not help: LLVM narrows it back to a float32 division, then applies `arcp`)."""
-    if not (isinstance(a, types.Float) and a == b):
-        return None
+def _rounded_once(name: str, build, doc: str):
+    """An intrinsic a OP b of two equal float types whose instruction carries `nsz` alone: numba
+    adds the kernel's fast-math flags only to instructions that have none, so LLVM may neither
+    reassociate it, contract it into an FMA, nor replace a division by a reciprocal's multiply."""
+    @intrinsic
+    def fn(typingctx, a, b):
+        if not (isinstance(a, types.Float) and a == b):
+            return None
 
-    def codegen(context, builder, sig, args):
-        q = builder.fdiv(args[0], args[1])
-        q.flags.append("nsz")
-        return q
+        def codegen(context, builder, sig, args):
+            r = build(builder)(args[0], args[1])
+            r.flags.append("nsz")
+            return r
 
-    return a(a, b), codegen
+        return a(a, b), codegen
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
+
+
+fdiv = _rounded_once("fdiv", lambda b: b.fdiv, """a / b rounded once, as IEEE and onnxruntime divide: with
+`arcp` LLVM multiplied by a reciprocal hoisted out of the loop, 1 ulp off, which moved a QuantizeLinear's
+x / scale across a rounding tie (25 where onnxruntime gives 26; a float64 quotient does not help: LLVM
+narrows it back to a float32 division).""")
+fmul = _rounded_once("fmul", lambda b: b.fmul, """a * b rounded once, where a dequantize must give onnx-
+runtime's value bit for bit: (q - zero_point) * scale, which LLVM with `reassoc` distributed into
+q * scale - zero_point * scale and contracted into an FMA, 1 ulp off in most elements.""")
 
 
 fmax = _minmax("maxnum")
@@ -289,7 +300,8 @@ FLOAT_BITS = [imports("float_bits")]
 HELPERS = {"fast_erf": FAST_ERF, "fast_sigmoid32": FAST_SIGMOID, "fast_tanh32": FAST_TANH, "pow_exact": POW_EXACT,
            "mod_exact": MOD_EXACT, "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "div_int": DIV_INT,
            "float_bits": FLOAT_BITS, "fmaximum": [imports("fmaximum")], "fminimum": [imports("fminimum")],
-           "fdiv": [imports("fdiv")], "h2f": [imports("h2f")], "f2h": [imports("f2h")], "r16": [imports("r16")]}
+           "fdiv": [imports("fdiv")], "fmul": [imports("fmul")],
+           "h2f": [imports("h2f")], "f2h": [imports("f2h")], "r16": [imports("r16")]}
 
 
 def calls_polynomial(body: list) -> bool:

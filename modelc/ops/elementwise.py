@@ -116,7 +116,9 @@ def prelu(x, slope):
 
 def _binary(name, fn, kind=Kind.BROADCAST):
     @register(name, kind, infer=_bcast)
-    def ref(a, b):
+    def ref(a, b, exact=0):
+        """(`exact`, which quantized ops set on a Mul, asks kernels for IEEE's single rounding,
+        which numpy always does)"""
         return np.asarray(fn(a, b)).astype(a.dtype, copy=False)
     return ref
 
