@@ -282,3 +282,25 @@ def test_quantized_errors_name_the_problem():
                  {"output_dtype": T.FLOAT8E4M3FN})
     with pytest.raises(ModelcError, match="uint8, int8"):
         modelc.compile(fp8)
+
+
+def test_integer_round_trip_dropped_through_max_pool():
+    """Round -> Clip to [0, 255] -> Cast uint8 -> MaxPool -> Cast float32 is the MaxPool of the
+    floats themselves: the casts go (passes/simplify.py), the result does not change; a Clip
+    wider than uint8 keeps them."""
+    from modelc.frontend import from_onnx
+    from modelc.passes import optimize
+    for hi, dropped in ((255.0, True), (300.0, False)):
+        inits = [nh.from_array(f32(0.0), "lo"), nh.from_array(f32(hi), "hi")]
+        nodes = [helper.make_node("Round", ["x"], ["r"]), helper.make_node("Clip", ["r", "lo", "hi"], ["c"]),
+                 helper.make_node("Cast", ["c"], ["q"], to=T.UINT8),
+                 helper.make_node("MaxPool", ["q"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+                 helper.make_node("Cast", ["p"], ["y"], to=T.FLOAT)]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 2, 6, 6])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [1, 2, 3, 3])], inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        ops = [n.op_type for n in optimize(from_onnx(m), fuse_ops=False).topo()]
+        assert ("Cast" not in ops) == dropped and "MaxPool" in ops
+        x = (rng.standard_normal((1, 2, 6, 6)) * 200).astype(np.float32)
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(modelc.compile(m).run({"x": x})["y"], want)

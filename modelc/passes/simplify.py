@@ -33,30 +33,53 @@ def _is_noop(graph: Graph, node: Node) -> bool:
     return False
 
 
-def _integer_round_trip(graph: Graph, node: Node) -> bool:
-    """Cast(Cast(y, int type), y's float type) where y = Clip(Round(v) [+ integral constants],
-    lo, hi) with lo and hi within the integer type: y itself (quantize, then dequantize)."""
-    first = graph.producer(node.inputs[0])
+# ops that move or select values without computing them: on the integers or on the floats that hold
+# them, the same values
+_ORDER_KEEPING = {"MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity"}
+
+
+def _integer_round_trip(graph: Graph, node: Node):
+    """For Cast(ops(Cast(y, int type)), y's float type) where y = Clip(Round(v) [+ integral
+    constants], lo, hi) with lo and hi within the integer type (a quantize, then a dequantize):
+    (the inner Cast, the order-keeping ops between), which may as well run on y; else None."""
+    chain, t = [], node.inputs[0]
+    p = graph.producer(t)
+    while p is not None and p.op_type in _ORDER_KEEPING and len([o for o in p.outputs if o]) == 1 and \
+            len(graph.consumers(t)) == 1 and t not in graph.outputs:
+        chain.append(p)
+        t = p.inputs[0]
+        p = graph.producer(t)
+    first = p
     if first is None or first.op_type != "Cast":
-        return False
+        return None
     y, mid = graph.tensors[first.inputs[0]], graph.tensors[first.outputs[0]]
     if graph.tensors[node.outputs[0]].dtype != y.dtype or y.dtype.kind != "f" or mid.dtype.kind not in "iu":
-        return False
+        return None
     clip = graph.producer(y.name)
     if clip is None or clip.op_type != "Clip" or len(clip.inputs) != 3 or not all(clip.inputs):
-        return False
+        return None
     info = np.iinfo(mid.dtype)
     lo, hi = graph.value(clip.inputs[1]), graph.value(clip.inputs[2])
     if lo is None or hi is None or lo.size != 1 or hi.size != 1 or not info.min <= lo.item() <= hi.item() <= info.max:
-        return False
+        return None
     r = graph.producer(clip.inputs[0])
     while r is not None and r.op_type == "Add" and len(r.inputs) == 2:
         consts = [graph.value(i) for i in r.inputs]
         k = 0 if consts[0] is not None else 1
         if consts[k] is None or consts[1 - k] is not None or not np.all(np.round(consts[k]) == consts[k]):
-            return False
+            return None
         r = graph.producer(r.inputs[1 - k])
-    return r is not None and r.op_type == "Round"
+    return (first, chain[::-1]) if r is not None and r.op_type == "Round" else None
+
+
+def _drop_round_trip(graph: Graph, node: Node, first: Node, chain: list):
+    """The ops between read y's floats (their results become floats of the same values)."""
+    y = first.inputs[0]
+    if chain:
+        graph.replace_input(chain[0], chain[0].inputs[0], y)
+        for op in chain:
+            graph.tensors[op.outputs[0]].dtype = graph.tensors[y].dtype
+    forward(graph, node, chain[-1].outputs[0] if chain else y)
 
 
 def simplify(graph: Graph) -> Graph:
@@ -66,8 +89,9 @@ def simplify(graph: Graph) -> Graph:
         if _is_noop(graph, node):
             forward(graph, node, node.inputs[0])
             continue
-        if node.op_type == "Cast" and _integer_round_trip(graph, node):
-            forward(graph, node, graph.producer(node.inputs[0]).inputs[0])
+        trip = _integer_round_trip(graph, node) if node.op_type == "Cast" else None
+        if trip:
+            _drop_round_trip(graph, node, *trip)
             continue
         if node.op_type in _RESHAPES:
             _canonical_reshape(graph, node)
