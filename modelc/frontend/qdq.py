@@ -141,6 +141,28 @@ def _bias_ok(v: _View, b_dq, x_dq, w_dq) -> bool:
         bool(np.allclose(got, want, rtol=1e-6, atol=0))
 
 
+def _gemm(v: _View, g: onnx.GraphProto, n, dqs: list, q):
+    """DQ -> Gemm [-> Q] as onnxruntime's QGemm (quantized, or a float result without the Q); the
+    bias an int32 at a_scale * b_scale, beta 1."""
+    attrs = {a.name: a for a in n.attribute}
+    a, b = dqs[:2]
+    trans_b = attrs["transB"].i if "transB" in attrs else 0
+    if "beta" in attrs and attrs["beta"].f != 1.0 or v.value(b.input[0]) is None or \
+            not _per_tensor(v, b) and _axis(b) != (0 if trans_b else 1) or (q is not None and not _per_tensor(v, q)):
+        return None, []
+    bias = []
+    if len(n.input) > 2 and n.input[2]:
+        if not _bias_ok(v, dqs[2], a, b):
+            return None, []
+        bias = [dqs[2].input[0]]
+    args = [a.input[0], a.input[1], _zp_name(v, g, a, a.input[0], n.name + "_a"),
+            b.input[0], b.input[1], _zp_name(v, g, b, b.input[0], n.name + "_b")]
+    args += bias if q is None else (bias or [""]) + [q.input[1], _zp_name(v, g, q, q.output[0], n.name + "_y")]
+    new = helper.make_node("QGemm", args, [(q or n).output[0]], name=n.name + "_quant", domain=CONTRIB_DOMAIN)
+    new.attribute.extend(x for x in n.attribute if x.name != "beta")
+    return new, [n] + ([q] if q is not None else [])
+
+
 def _fuse_one(v: _View, g: onnx.GraphProto, n):
     """The quantized node replacing float node `n` and the nodes it replaces, or (None, [])."""
     if n.domain not in ("", "ai.onnx"):
@@ -170,6 +192,8 @@ def _fuse_one(v: _View, g: onnx.GraphProto, n):
         if op == "QLinearConv":
             new.attribute.extend(a for a in n.attribute)
         return new, [n, *dropped, q]
+    if n.op_type == "Gemm" and not dropped:
+        return _gemm(v, g, n, dqs, q)
     if n.op_type == "MatMul" and q is None and all(_per_tensor(v, d) for d in dqs):
         a, b = dqs                     # a float product of integers: onnxruntime's MatMulIntegerToFloat
         args = [a.input[0], b.input[0], a.input[1], b.input[1], _zp_name(v, g, a, a.input[0], n.name + "_a"),
@@ -204,7 +228,7 @@ def fuse_groups(model: onnx.ModelProto) -> onnx.ModelProto:
     v = _View(g)
     replaced, added = set(), {}
     for n in list(g.node):
-        if id(n) in replaced or n.op_type not in ("Conv", "MatMul", *_BINARY, *_UNARY):
+        if id(n) in replaced or n.op_type not in ("Conv", "MatMul", "Gemm", *_BINARY, *_UNARY):
             continue
         new, old = _fuse_one(v, g, n)
         if new is None:
