@@ -16,6 +16,7 @@ whose transforms are fractions.
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper
 
 from ..errors import ModelcError, ShapeError
 from .converters import converter
@@ -139,6 +140,14 @@ def dequantize(ctx, node, q: str, scale: str, zp: str, outputs, axis: int = 0, b
         cast(ctx, v, dtype, outputs=[outputs[0]])
 
 
+def _dtype(node, code: int) -> np.dtype:
+    """The numpy dtype of an ONNX element type number (output_dtype)."""
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(code))
+    except Exception:
+        raise ModelcError(f"{node.where()}: output_dtype {code} is not an element type modelc computes") from None
+
+
 def _block(node) -> int:
     b = int(node.attrs.get("block_size", 0))
     if b < 0:
@@ -152,12 +161,9 @@ def dequantize_linear(ctx, node):
     zp = node.inputs[2] if len(node.inputs) > 2 else ""
     if ctx.dtype(q) == np.int32 and zp and np.any(ctx.value(zp) != 0):
         raise ModelcError(f"{node.where()}: an int32 input takes no zero point but 0")
-    out = node.attrs.get("output_dtype", 0)
-    dtype = None
-    if out:
-        from onnx import helper
-        dtype = helper.tensor_dtype_to_np_dtype(int(out))
-    dequantize(ctx, node, q, scale, zp, node.outputs, _axis(node, len(ctx.shape(q))), _block(node), dtype)
+    out = int(node.attrs.get("output_dtype", 0))
+    dequantize(ctx, node, q, scale, zp, node.outputs, _axis(node, len(ctx.shape(q))), _block(node),
+               _dtype(node, out) if out else None)
 
 
 @converter("QuantizeLinear", since=1, away=True)
@@ -170,8 +176,7 @@ def quantize_linear(ctx, node):
         if out and onnx_type(node, dtype) != out:
             raise ModelcError(f"{node.where()}: output_dtype {out} differs from the zero point's type {dtype}")
     else:
-        from onnx import helper
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(out)) if out else np.dtype(np.uint8)
+        dtype = _dtype(node, out) if out else np.dtype(np.uint8)
     quantize(ctx, node, x, scale, zp, dtype, node.outputs, _axis(node, len(ctx.shape(x))), _block(node))
 
 
