@@ -45,8 +45,12 @@ class _View:
                     for i in inner.input:
                         self.consumers.setdefault(i, []).append(n)
         self.consts = {t.name: t for t in g.initializer}
+        for n in g.node:                 # (exporters also write scales as Constant nodes)
+            value = next((a.t for a in n.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
+            if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and value is not None and n.output:
+                self.consts.setdefault(n.output[0], value)
         self.outputs = {o.name for o in g.output}
-        self.elem = {t.name: t.data_type for t in g.initializer}
+        self.elem = {name: t.data_type for name, t in self.consts.items()}
         for vi in list(g.input) + list(g.value_info):
             self.elem.setdefault(vi.name, vi.type.tensor_type.elem_type)
 
