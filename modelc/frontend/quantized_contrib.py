@@ -81,9 +81,11 @@ def _binary(op_type):
 
 @converter("QLinearAdd", away=True)
 def _add(ctx, node):
-    """onnxruntime's form (MLAS): a * (sa / sc) + [zc - (za * sa / sc + zb * sb / sc)] + b * (sb / sc),
-    rounded; the same sum as Q(DQ(a) + DQ(b)) but rounded differently (5 of 25,088 values of a
-    ResNet-18 block differed by one step in that form). With run-time scales: that form."""
+    """MLAS's arithmetic, two fused multiply-adds: a * (sa/sc) + (b * (sb/sc) + fixed), fixed =
+    zc - (za * sa/sc + zb * sb/sc) (the inner sum an FMA too), rounded. The same sum as
+    Q(DQ(a) + DQ(b)) but rounded differently: 5 of 25,088 values of a ResNet-18 block were a step
+    off that way; this form matched onnxruntime on all 256 x 256 input pairs of 30 random scales.
+    With scales known only at run time: that other form."""
     a, as_, azp, b, bs, bzp, cs = node.inputs[:7]
     czp = _zp(node, 7)
     vals = [ctx.value(t) if t else np.zeros((), ctx.dtype(a)) for t in (as_, azp, bs, bzp, cs, czp)]
@@ -91,12 +93,10 @@ def _add(ctx, node):
         return _binary("Add")(ctx, node)
     sa, za, sb, zb, sc, zc = (np.float32(np.ravel(v)[0]) for v in vals)
     rac, rbc = np.float32(sa / sc), np.float32(sb / sc)
-    fixed = np.float32(zc - np.float32(np.float32(rac * za) + np.float32(rbc * zb)))
+    inner = np.float32(np.float64(rac) * np.float64(za) + np.float64(np.float32(rbc * zb)))   # fma
     c = lambda v, hint: ctx.const(np.array(v, np.float32), f"{node.name}_{hint}")  # noqa: E731
-    ta, = ctx.emit("Mul", [q.as_float(ctx, a), c(rac, "ratio_a")])
-    ta, = ctx.emit("Add", [ta, c(fixed, "fixed")])
-    tb, = ctx.emit("Mul", [q.as_float(ctx, b), c(rbc, "ratio_b")])
-    v, = ctx.emit("Add", [ta, tb])
+    tb, = ctx.emit("MulAdd", [q.as_float(ctx, b), c(rbc, "ratio_b"), c(np.float32(zc - inner), "fixed")])
+    v, = ctx.emit("MulAdd", [q.as_float(ctx, a), c(rac, "ratio_a"), tb])
     q.saturate(ctx, node, v, "", _out_dtype(ctx, node, czp, a), node.outputs)
 
 

@@ -156,6 +156,10 @@ def emit(op: str, args: list, attrs: dict, dtype, consts: dict | None = None,
         if op == "Mul" and dt.kind == "f" and attrs.get("exact"):
             return f"fmul({args[0]}, {args[1]})"       # a quantized op's (intrinsics.fmul)
         return _int(f"({args[0]} {binary[op]} {args[1]})", dt)
+    if op == "MulAdd":
+        if dt.kind == "f":
+            return f"ffma({args[0]}, {args[1]}, {args[2]})"     # rounded once (intrinsics.ffma)
+        return _int(f"({args[0]} * {args[1]} + {args[2]})", dt)
     if op == "Pow":
         return _pow(a, args[1], dt, consts.get(1), (arg_dtypes or [None, None])[1])
     if op == "PRelu":
@@ -269,7 +273,7 @@ def _pow(a: str, b: str, dt: np.dtype, e, edt) -> str:
 SUPPORTED = {"Relu", "Neg", "Abs", "Exp", "Log", "Sqrt", "Tanh", "Erf", "Sin", "Cos", "Floor", "Ceil",
              "Sign", "Reciprocal", "Sigmoid", "Softplus", "Softsign", "Gelu", "LeakyRelu", "Elu",
              "Selu", "HardSigmoid", "HardSwish", "Swish", "Mish", "Identity", "Dropout", "Not", "Clip", "Cast",
-             "Sum", "Add", "Mean", "Max", "Min", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal",
+             "Sum", "Add", "Mean", "Max", "Min", "Sub", "Mul", "Div", "Pow", "PRelu", "Equal", "MulAdd",
              "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Where",
              "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Round",
              "Celu", "ThresholdedRelu", "Shrink", "IsNaN", "IsInf", "CastLike", "Xor", "Mod",

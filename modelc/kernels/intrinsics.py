@@ -148,6 +148,22 @@ runtime's value bit for bit: (q - zero_point) * scale, which LLVM with `reassoc`
 q * scale - zero_point * scale and contracted into an FMA, 1 ulp off in most elements.""")
 
 
+@intrinsic
+def ffma(typingctx, a, b, c):
+    """a * b + c rounded once: llvm.fma, which LLVM neither splits nor reassociates (MLAS's
+    QLinearAdd is two of them; contracting a Mul and an Add is LLVM's choice, this is not)."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lt = args[0].type
+        f = cgutils.get_or_insert_function(builder.module, llir.FunctionType(lt, [lt, lt, lt]),
+                                           f"llvm.fma.{'f32' if lt == llir.FloatType() else 'f64'}")
+        return builder.call(f, args)
+
+    return a(a, b, c), codegen
+
+
 fmax = _minmax("maxnum")
 fmin = _minmax("minnum")
 # NaN-propagating: elementwise Clip in an epilogue, where numba's min(max()) stays scalar
@@ -300,7 +316,7 @@ FLOAT_BITS = [imports("float_bits")]
 HELPERS = {"fast_erf": FAST_ERF, "fast_sigmoid32": FAST_SIGMOID, "fast_tanh32": FAST_TANH, "pow_exact": POW_EXACT,
            "mod_exact": MOD_EXACT, "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "div_int": DIV_INT,
            "float_bits": FLOAT_BITS, "fmaximum": [imports("fmaximum")], "fminimum": [imports("fminimum")],
-           "fdiv": [imports("fdiv")], "fmul": [imports("fmul")],
+           "fdiv": [imports("fdiv")], "fmul": [imports("fmul")], "ffma": [imports("ffma")],
            "h2f": [imports("h2f")], "f2h": [imports("f2h")], "r16": [imports("r16")]}
 
 

@@ -38,3 +38,18 @@ def scaled_conv(x, w, b=None, s=None, **attrs):
     as the two ONNX ops did."""
     from .conv import conv
     return conv((x * s).astype(x.dtype, copy=False), w, b, **attrs)
+
+
+def _mul_add_shape(a, b, c):
+    from .registry import broadcast_shape
+    return broadcast_shape(a.shape, b.shape, c.shape, where="MulAdd"), a.dtype
+
+
+@register("MulAdd", Kind.BROADCAST, infer=_mul_add_shape)
+def mul_add(a, b, c):
+    """a * b + c rounded once (a fused multiply-add), where a quantized op must give onnxruntime's
+    value bit for bit (QLinearAdd is MLAS's two FMAs). The reference: the float32 product is exact
+    in float64, and so is its sum with c but where the two are far apart in scale."""
+    if a.dtype == np.float32:
+        return (a.astype(np.float64) * b + c).astype(np.float32)
+    return (a * b + c).astype(a.dtype, copy=False)
