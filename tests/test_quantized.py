@@ -305,3 +305,18 @@ def test_integer_round_trip_dropped_through_max_pool():
         x = (rng.standard_normal((1, 2, 6, 6)) * 200).astype(np.float32)
         want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         np.testing.assert_array_equal(modelc.compile(m).run({"x": x})["y"], want)
+
+
+def test_crafted_qdq_cycle_is_a_clear_error():
+    """Two QuantizeLinear reading each other's output as zero point, under a fusable Add: the QDQ
+    matcher follows the chain no further than the graph is long, and the import names the node."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z2"], ["z1"]),
+             helper.make_node("QuantizeLinear", ["x", "s", "z1"], ["z2"]),
+             helper.make_node("DequantizeLinear", ["z1", "s"], ["d"]),
+             helper.make_node("Add", ["d", "d"], ["a"]),
+             helper.make_node("QuantizeLinear", ["a", "s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", T.UINT8, [4])], [nh.from_array(f32(0.1), "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelLoadError, match="QuantizeLinear.*reads tensor 'z2'"):
+        modelc.compile(m)

@@ -56,16 +56,19 @@ class _View:
 
     def elem_type(self, tensor: str):
         """The element type of a tensor: declared, or a QuantizeLinear's (its zero point's type,
-        its output_dtype, else uint8)."""
-        if self.elem.get(tensor):
-            return self.elem[tensor]
-        p = self.producer.get(tensor)
-        if p is None or p.op_type != "QuantizeLinear":
-            return None
-        if len(p.input) > 2 and p.input[2]:
-            return self.elem_type(p.input[2])
-        out = next((a.i for a in p.attribute if a.name == "output_dtype" and a.i), 0)
-        return out or onnx.TensorProto.UINT8
+        its output_dtype, else uint8). (A chain of them is followed at most as long as the graph:
+        a crafted model may loop.)"""
+        for _ in range(len(self.g.node) + 1):
+            if self.elem.get(tensor):
+                return self.elem[tensor]
+            p = self.producer.get(tensor)
+            if p is None or p.op_type != "QuantizeLinear":
+                return None
+            if len(p.input) < 3 or not p.input[2]:
+                out = next((a.i for a in p.attribute if a.name == "output_dtype" and a.i), 0)
+                return out or onnx.TensorProto.UINT8
+            tensor = p.input[2]
+        return None
 
     def dq(self, tensor: str):
         """The DequantizeLinear producing `tensor`, if it has one of ONNX's default domain."""
@@ -171,7 +174,7 @@ def _fuse_one(v: _View, g: onnx.GraphProto, n):
     """The quantized node replacing float node `n` and the nodes it replaces, or (None, [])."""
     if n.domain not in ("", "ai.onnx"):
         return None, []
-    ins = [i for i in n.input]
+    ins = list(n.input)
     dqs = [v.dq(i) if i else None for i in ins]
     if not ins or any(i and d is None for i, d in zip(ins, dqs)) or len(n.output) != 1:
         return None, []
