@@ -114,15 +114,21 @@ def quantize(ctx, node, x: str, scale: str, zp: str, dtype, outputs, axis: int =
     saturate(ctx, node, v, zp, dtype, outputs, axis, block)
 
 
+def scale_product(ctx, node, scales: list, shape) -> str:
+    """The product of `scales` ([(scale, axis of a tensor of `shape`)]), shaped to broadcast."""
+    m = None
+    for s, axis in scales:
+        s = along(ctx, node, as_float(ctx, s), shape, axis)
+        m = s if m is None else ctx.emit("Mul", [m, s])[0]
+    return m
+
+
 def requantize(ctx, node, acc: str, scales: list, y_scale: str, zp: str, outputs):
     """Integer sums `acc` (float32) times the product of `scales` ([(scale, axis of acc)]) over
     y_scale, in onnxruntime's order of operations (a multiplier per output channel, then one
     multiply per sum), saturated to the zero point's type."""
     shape = ctx.shape(acc)
-    m = None
-    for s, axis in scales:
-        s = along(ctx, node, as_float(ctx, s), shape, axis)
-        m = s if m is None else ctx.emit("Mul", [m, s])[0]
+    m = scale_product(ctx, node, scales, shape)
     m, = ctx.emit("Div", [m, along(ctx, node, as_float(ctx, y_scale), shape, 0)])
     v, = ctx.emit("Mul", [acc, m], attrs=EXACT)
     saturate(ctx, node, v, zp, ctx.dtype(zp), outputs)
@@ -202,14 +208,6 @@ def qlinear_conv(ctx, node):
     requantize(ctx, node, acc, [(xs, 1), (ws, 1)], ys, yzp, node.outputs)
 
 
-@converter("ConvInteger", since=1, away=True)
-def conv_integer(ctx, node):
-    x, w = node.inputs[:2]
-    xzp, wzp = (list(node.inputs[2:4]) + ["", ""])[:2]
-    acc = _int_conv(ctx, node, x, xzp, w, wzp)
-    cast(ctx, acc, np.int32, outputs=[node.outputs[0]])
-
-
 def int_matmul(ctx, node, a, azp, b, bzp) -> str:
     """(a - a_zero_point) @ (b - b_zero_point), exact in float32; a's zero point may be one per
     row of a 2-D a, b's one per column."""
@@ -219,12 +217,17 @@ def int_matmul(ctx, node, a, azp, b, bzp) -> str:
     return ctx.emit("MatMul", [ai, bi])[0]
 
 
-@converter("MatMulInteger", since=1, away=True)
-def matmul_integer(ctx, node):
-    a, b = node.inputs[:2]
-    azp, bzp = (list(node.inputs[2:4]) + ["", ""])[:2]
-    acc = int_matmul(ctx, node, a, azp, b, bzp)
-    cast(ctx, acc, np.int32, outputs=[node.outputs[0]])
+def _integer(product):
+    """ConvInteger / MatMulInteger: `product` of (x - x_zero_point) and (w - w_zero_point), as int32."""
+    def convert(ctx, node):
+        x, w = node.inputs[:2]
+        xzp, wzp = (list(node.inputs[2:4]) + ["", ""])[:2]
+        cast(ctx, product(ctx, node, x, xzp, w, wzp), np.int32, outputs=[node.outputs[0]])
+    return convert
+
+
+converter("ConvInteger", since=1, away=True)(_integer(_int_conv))
+converter("MatMulInteger", since=1, away=True)(_integer(int_matmul))
 
 
 @converter("QLinearMatMul", since=1, away=True)

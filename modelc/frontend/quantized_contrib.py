@@ -182,7 +182,7 @@ def _qgemm(ctx, node):
     with y_scale and y_zero_point, or dequantized to float32 when no y_scale is given."""
     a, as_, azp, b, bs, bzp = node.inputs[:6]
     c, ys, yzp = (list(node.inputs[6:9]) + ["", "", ""])[:3]
-    for t, flag in ((a, "transA"), (b, "transB")):
+    for t in (a, b):
         if len(ctx.shape(t)) != 2:
             raise ModelcError(f"{node.where()}: QGemm multiplies matrices, got {t!r} of shape {list(ctx.shape(t))}")
     ai = q.centered(ctx, node, a, azp, axis=1 if int(node.attrs.get("transA", 0)) else 0)
@@ -196,10 +196,7 @@ def _qgemm(ctx, node):
     if ys:
         q.requantize(ctx, node, acc, scales, ys, yzp, node.outputs)
         return
-    m = None
-    for s, axis in scales:
-        s = q.along(ctx, node, q.as_float(ctx, s), ctx.shape(acc), axis)
-        m = s if m is None else ctx.emit("Mul", [m, s])[0]
+    m = q.scale_product(ctx, node, scales, ctx.shape(acc))
     ctx.emit("Mul", [acc, m], outputs=[node.outputs[0]], attrs=q.EXACT)
 
 
@@ -210,8 +207,7 @@ def _matmul_integer_to_float(ctx, node):
     azp, bzp, bias = (list(node.inputs[4:7]) + ["", "", ""])[:3]
     acc = q.int_matmul(ctx, node, a, azp, b, bzp)
     rank = len(ctx.shape(acc))
-    m, = ctx.emit("Mul", [q.along(ctx, node, q.as_float(ctx, as_), ctx.shape(acc), max(rank - 2, 0)),
-                          q.along(ctx, node, q.as_float(ctx, bs), ctx.shape(acc), rank - 1)])
+    m = q.scale_product(ctx, node, [(as_, max(rank - 2, 0)), (bs, rank - 1)], ctx.shape(acc))
     if not bias:
         ctx.emit("Mul", [acc, m], outputs=[node.outputs[0]], attrs=q.EXACT)
         return
