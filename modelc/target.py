@@ -89,6 +89,17 @@ class Target:
         return any(f in self.isa for f in ("avx2", "avx512f", "neon")) or self.llvm_cpu.startswith(
             ("apple", "cortex", "neoverse"))
 
+    @property
+    def int8_dot_lanes(self) -> int:
+        """int32 lanes of one 8-bit dot product instruction (VNNI's `vpdpbusd`, kernels/vnni.py):
+        16 with AVX-512 VNNI on 512-bit vectors, 8 on 256-bit ones (AVX512-VL, or AVX-VNNI without
+        AVX-512), 0 without VNNI (AVX2 alone: quantized convs stay float32 FMAs)."""
+        if "avx512vnni" in self.isa and self.vector_bits >= 512:
+            return 16
+        if "avx512vnni" in self.isa and "avx512vl" in self.isa or "avxvnni" in self.isa:
+            return 8
+        return 0
+
     # ---- records ------------------------------------------------------------------------------
     def record(self) -> dict:
         """What a measurement depends on, as tuning records store it (and match it)."""

@@ -17,7 +17,7 @@ from .window import check_spatial_rank, conv_geometry, conv_transpose_geometry, 
 
 
 def _conv_infer(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-                pads=None, strides=None, exact=0):
+                pads=None, strides=None, exact=0, x_min=None):
     check_spatial_rank(x, "Conv")
     if len(w.shape) != len(x.shape):
         raise ValueError(f"weight shape {list(w.shape)} must have the rank of the input "
@@ -33,9 +33,11 @@ def _conv_infer(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, ker
 
 @register("Conv", Kind.OUT_ELEMWISE_FUSABLE, infer=_conv_infer)
 def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-         pads=None, strides=None, exact=0):
+         pads=None, strides=None, exact=0, x_min=None):
     """`exact` (modelc's, set by the quantized ops' import) asks for a sum of exact products:
-    integer-valued inputs stay integers, so no Winograd; the reference's im2col sums them exactly."""
+    integer-valued inputs stay integers, so no Winograd; the reference's im2col sums them exactly.
+    `x_min` (modelc's too) is the least value such an input takes where it and the weights are
+    8-bit integers (the VNNI kernel's shift to unsigned bytes); the sum does not depend on it."""
     geo = conv_geometry(x.shape, w.shape, auto_pad, dilations, kernel_shape, pads, strides)
     ct = compute_dtype(x.dtype)
     n, c = x.shape[:2]

@@ -1,0 +1,238 @@
+"""A quantized convolution on 8-bit integer dot products (x86 VNNI), for the convs quantized
+models import.
+
+QLinearConv, ConvInteger and fused QDQ convs are imported as float32 Convs of integers (`exact`),
+so every pass and epilogue applies; the importer also notes the least value the centered input can
+take (`x_min`: the integer type's minimum less the zero point) when the centered weights fit int8.
+Such a conv's sums are then exactly `vpdpbusd`'s: this kernel converts each tile's input patch once
+to unsigned bytes (x - x_min, so the zero halo that is the padding becomes -x_min), multiplies them
+by the weights packed as int8 at compile time, and adds back x_min times each output channel's
+weight sum (`corr`, packed too). The int32 sums are exact, as onnxruntime's are, where float32 ones
+are exact only below 2^24.
+
+Input [N, C/cb, H+2h, W+2h, cb] float32; weights [tiles, KH, KW, C4, KT, 4] int8 (four consecutive
+input channels of one output channel per 32-bit lane); output [N, K/KB, OH+2h', OW+2h', KB]. One
+parallel item is (image, group of output-channel tiles, output rows, output columns): its patch is
+converted once and read by every tile of the group. The register tile is TOH x OWT pixels by
+m vectors of output channels (`vnni.I32Vector`); the epilogue (bias, requantization, activation,
+residual add) runs on it as conv2d's does.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import target
+from ..errors import ModelcError
+from .codegen import ParallelItem, shifted_start
+from .conv2d import OWT_CANDIDATES
+from .conv_geometry import conv_geometry
+from .layout import offset
+from .space import ConfigSpace
+from .template import Kernel, Template, epilogue, epilogue_inputs, get, register, source
+from .workload import Workload
+
+MAX_PATCH = 64 << 10          # bytes of a tile's converted input patch (on the stack)
+MAX_TAPS = 65536              # C x KH x KW: 255 * 128 * this stays below 2^31 (int32 sums)
+
+
+def x_min(wl: Workload):
+    """The anchor's least centered input value, if the importer noted one (validated: it reaches
+    generated source), else None."""
+    v = wl.anchor.attr("x_min")
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -255 <= int(v) <= 0:
+        return None
+    return int(v)
+
+
+@register
+class Conv2dInt8(Template):
+    name = "conv2d_int8"
+    alternative_to = "conv2d"
+    priority = -1             # the first alternative an untuned module considers (`preferred`)
+
+    def matches(self, wl: Workload) -> bool:
+        a = wl.anchor
+        lanes = target.current().int8_dot_lanes
+        if a.op != "Conv" or not lanes or x_min(wl) is None or not a.attr("exact", 0):
+            return False
+        if not get(self.alternative_to).matches(wl):
+            return False
+        g = conv_geometry(wl)
+        cp = -(-g.C // 4) * 4
+        patch = ((g.KH - 1) * g.dilations[0] + 1) * ((g.KW - 1) * g.dilations[1] + 1) * cp
+        return g.K >= lanes and g.C * g.KH * g.KW <= MAX_TAPS and patch <= MAX_PATCH and \
+            (lanes % g.KB == 0 or g.KB % lanes == 0)
+
+    def preferred(self, wl: Workload) -> bool:
+        """Four times the products per instruction of float32's FMAs, exactly: always."""
+        return True
+
+    def space(self, wl: Workload) -> ConfigSpace:
+        g = conv_geometry(wl)
+        tg = target.current()
+        lanes = tg.int8_dot_lanes
+        cp = -(-g.C // 4) * 4
+        sp = ConfigSpace()
+        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.OW] or [g.OW])
+        sp.define_knob("tile_oc_vectors", [m for m in (1, 2, 3, 4) if m * lanes <= g.K and (m * lanes) % g.KB == 0])
+        sp.define_knob("tile_oh", [r for r in (1, 2, 4) if r <= g.OH])
+        tiles = [-(-g.K // (m * lanes)) for m in sp.knobs[1].values]
+        sp.define_knob("tiles_per_item", sorted({t for t in (1, 2, 4, 8, max(tiles)) if t <= max(tiles)}))
+
+        def valid(cfg):
+            m, owt, toh = cfg["tile_oc_vectors"], cfg["tile_ow"], cfg["tile_oh"]
+            rows = (toh - 1) * g.strides[0] + (g.KH - 1) * g.dilations[0] + 1
+            cols = (owt - 1) * g.strides[1] + (g.KW - 1) * g.dilations[1] + 1
+            if rows * cols * cp > MAX_PATCH or cfg["tiles_per_item"] > -(-g.K // (m * lanes)):
+                return False
+            # accumulators and the m weight vectors (the input word is broadcast from memory)
+            return owt * toh * m + m <= tg.vector_registers - 2
+        sp.constraint = valid
+        return sp
+
+    def default_config(self, wl: Workload, space: ConfigSpace):
+        """The register tile with the most accumulators that fits (products per weight load), of
+        as many channel vectors as divide the output channels evenly, and each item running every
+        channel tile over its patch unless that leaves fewer items than a few per thread."""
+        g = conv_geometry(wl)
+        tg = target.current()
+        lanes = tg.int8_dot_lanes
+        best = None
+        for cfg in (space.get(i) for i in space.valid_indices()):
+            m, owt, toh = cfg["tile_oc_vectors"], cfg["tile_ow"], cfg["tile_oh"]
+            tiles = -(-g.K // (m * lanes))
+            waste = (tiles * m * lanes - g.K) / g.K + (-(-g.OW // owt) * owt - g.OW) / g.OW + \
+                (-(-g.OH // toh) * toh - g.OH) / g.OH
+            items = g.N * -(-g.OH // toh) * -(-g.OW // owt) * -(-tiles // cfg["tiles_per_item"])
+            score = (waste > 0.15, items < 4 * tg.threads, -owt * toh * m - (m > 1),
+                     -cfg["tiles_per_item"], waste)
+            if best is None or score < best[0]:
+                best = (score, cfg)
+        return best[1] if best else space.get(0)
+
+    def build(self, wl: Workload, cfg) -> Kernel:
+        g = conv_geometry(wl)
+        conv = wl.anchor
+        lo = x_min(wl)
+        V = target.current().int8_dot_lanes
+        OWT, m, TOH, G = cfg["tile_ow"], cfg["tile_oc_vectors"], cfg["tile_oh"], cfg["tiles_per_item"]
+        KB, cb = g.KB, g.cb
+        KT = m * V
+        TB = KT // KB                   # output blocks per tile
+        KBLK = g.K // KB
+        KO = -(-g.K // KT)              # tiles; the last starts at block KBLK - TB
+        NG = -(-KO // G)
+        CBLK = g.C // cb
+        CP = -(-g.C // 4) * 4
+        C4 = CP // 4
+        OH, OW, KH, KW = g.OH, g.OW, g.KH, g.KW
+        sh, sw = g.strides
+        dh, dw = g.dilations
+        ph, pw = g.pads
+        hin = g.hin
+        NT, NR = -(-OW // OWT), -(-OH // TOH)
+        PR = (TOH - 1) * sh + (KH - 1) * dh + 1
+        PC = (OWT - 1) * sw + (KW - 1) * dw + 1
+        P = TOH * OWT
+        xs = (g.N, CBLK, g.H + 2 * hin, g.W + 2 * hin, cb)
+        x_n, x_c, x_h = xs[1] * xs[2] * xs[3] * cb, xs[2] * xs[3] * cb, xs[3] * cb
+        x_arg = int(conv.args[0][1:])
+        X = f"in{x_arg}"
+        has_bias = len(conv.args) > 2 and bool(conv.args[2])
+
+        item = ParallelItem()
+        body = [item.loop(g.N * NG * NR * NT),
+                *item.take("t", NT),
+                *item.take("rt", NR),
+                *item.last("og", NG, "n"),
+                f"    oh0 = {shifted_start(f'rt * {TOH}', OH, TOH)}",
+                f"    ow0 = {shifted_start(f't * {OWT}', OW, OWT)}",
+                f"    buf = carray(stack_empty({PR * PC * CP}, np.uint8), {PR * PC * CP})",
+                f"    acc = carray(stack_empty({P * KT}, np.int32), {P * KT})",
+                # the patch as bytes x - x_min, channels innermost (four per lane of a dot product)
+                f"    for cb in range({CBLK}):",
+                f"        for r in range({PR}):",
+                f"            for cc in range({PC}):",
+                f"                xo = np.uintp(n * {x_n} + cb * {x_c} + (oh0 * {sh} + r + {hin - ph}) * {x_h}"
+                f" + (ow0 * {sw} + cc + {hin - pw}) * {cb})",
+                f"                bo = np.uintp((r * {PC} + cc) * {CP} + cb * {cb})",
+                f"                for j in range({cb}):",
+                f"                    buf[bo + np.uintp(j)] = np.uint8(np.int32({X}[xo + np.uintp(j)]) "
+                f"- np.int32({lo}))"]
+        if CP > g.C:                    # channels past C meet zero weights: any byte, but a defined one
+            body += [f"    for q in range({PR * PC}):",
+                     f"        for j in range({g.C}, {CP}):",
+                     f"            buf[np.uintp(q * {CP} + j)] = np.uint8(0)"]
+        body += [f"    for ko in range(og * {G}, min({KO}, og * {G} + {G})):",
+                 f"        ko0 = {shifted_start(f'ko * {TB}', KBLK, TB)}"]
+        accs = [[f"a{p}_{v}" for v in range(m)] for p in range(P)]
+        body += [f"        {a} = dot_zero({V})" for row in accs for a in row]
+        body += [f"        for kh in range({KH}):",
+                 f"            for kw in range({KW}):"]
+        for rr in range(TOH):
+            for r in range(OWT):
+                body.append(f"                xb{rr * OWT + r} = np.uintp((({rr * sh} + kh * {dh}) * {PC} + "
+                            f"{r * sw} + kw * {dw}) * {CP})")
+        body += [f"                wb = np.uintp(((ko * {KH} + kh) * {KW} + kw) * {C4 * KT * 4})",
+                 f"                for c4 in range({C4}):",
+                 "                    co = np.uintp(c4 * 4)",
+                 f"                    wo = wb + np.uintp(c4 * {KT * 4})"]
+        for p in range(P):
+            for v in range(m):
+                body.append(f"                    {accs[p][v]} = dot_u8s8({accs[p][v]}, buf, xb{p} + co, w, "
+                            f"wo + np.uintp({v * V * 4}))")
+        body += [f"        dot_store({accs[p][v]}, acc, np.uintp({p * KT + v * V}))"
+                 for p in range(P) for v in range(m)]
+
+        # epilogue and store, as conv2d's: channel k = (ko0 + blk) * KB + jj; the pixels and
+        # blocks a shifted tile shares with the one before it are stored once (by that one)
+        out = wl.outputs[0]
+        mine, guarded = [], []
+        for rr in range(TOH):
+            for r in range(OWT):
+                for blk in range(TB):
+                    owner = ([f"oh0 + {rr} >= rt * {TOH}"] if OH % TOH else []) + \
+                        ([f"ow0 + {r} >= t * {OWT}"] if OW % OWT else []) + \
+                        ([f"ko0 + {blk} >= ko * {TB}"] if KBLK % TB else [])
+                    cblk = f"ko0 + {blk}" if blk else "ko0"
+                    k = f"np.uintp(({cblk}) * {KB} + jj)"
+                    v = f"np.float32(acc[{(rr * OWT + r) * KT + blk * KB} + jj] + corr[{k}])"
+                    if has_bias:
+                        v = f"({v} + bias[{k}])"
+                    idx = ["n", (cblk, "jj", KB), f"oh0 + {rr}", f"ow0 + {r}"]
+                    lines, final = epilogue(wl, wl.epilogue, v, idx, out.shape, out.dtype, f"v{conv.index}",
+                                            var=f"e{rr}_{r}_", unsigned=True)
+                    lines.append(f"out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
+                    if owner:
+                        guarded += [f"        if {' and '.join(owner)}:", f"            for jj in range({KB}):"]
+                        guarded += [f"                {ln}" for ln in lines]
+                    else:
+                        mine += [f"            {ln}" for ln in lines]
+        body += ([f"        for jj in range({KB}):"] + mine if mine else []) + guarded
+
+        w_arg = int(conv.args[1][1:])
+        b_arg = int(conv.args[2][1:]) if has_bias else None
+        first = [min(t * TB, KBLK - TB) * KB for t in range(KO)]      # each tile's first channel
+
+        def pack(consts):
+            w = np.asarray(consts[w_arg], np.float32)                 # [K, C, KH, KW], integers
+            if not (np.all(w == np.round(w)) and w.min() >= -128 and w.max() <= 127):
+                raise ModelcError(f"conv2d_int8: the weights of {wl.anchor.op} are not int8 integers "
+                                  f"(range {w.min()} .. {w.max()})")
+            wi = np.zeros((g.K, CP, KH, KW), np.int8)
+            wi[:, :g.C] = w.astype(np.int8)
+            tiles = wi[np.array([f + j for f in first for j in range(KT)])]          # [KO*KT, CP, KH, KW]
+            packed = tiles.reshape(KO, KT, C4, 4, KH, KW).transpose(0, 4, 5, 2, 1, 3)
+            corr = lo * w.astype(np.int64).sum(axis=(1, 2, 3))
+            res = {"w": np.ascontiguousarray(packed).reshape(-1), "corr": corr.astype(np.int32)}
+            if b_arg is not None:
+                res["bias"] = np.ascontiguousarray(np.asarray(consts[b_arg], np.float32).reshape(-1))
+            return res
+
+        args = ["out0", X, "w", "corr"] + (["bias"] if has_bias else [])
+        args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
+        dtypes = [np.float32, np.float32, np.int8, np.int32] + ([np.float32] if has_bias else []) + \
+            [wl.inputs[int(a[2:])].dtype for a in args[4 + has_bias:]]
+        dtypes[0] = out.dtype
+        imports = ["from modelc.kernels.vnni import dot_store, dot_u8s8, dot_zero"]
+        return Kernel(source(args, dtypes, body, extra=imports), args, pack)

@@ -1,0 +1,154 @@
+"""The 8-bit dot-product conv (VNNI): exact sums for every knob, which CPUs and workloads it takes,
+and the importer's note (`x_min`) that enables it."""
+from dataclasses import replace
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import modelc
+from modelc import target
+from modelc.kernels import testing
+from modelc.kernels.template import get, select, untuned
+from modelc.kernels.workload import Workload
+from modelc.target import Target
+
+from workloads import conv2d_wl
+
+INT8 = get("conv2d_int8")
+HOST = Target.host()
+needs_vnni = pytest.mark.skipif(not HOST.int8_dot_lanes, reason="this CPU has no VNNI (vpdpbusd)")
+
+SPR = Target.from_features("sapphirerapids", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl,+avx512vnni,+amx-int8")
+ZEN4 = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl,+avx512vnni")
+ZEN4_256 = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl,+avx512vnni,+prefer-256-bit")
+ALDER = Target.from_features("alderlake", "+avx,+avx2,+fma,+avxvnni")
+ZEN3 = Target.from_features("znver3", "+avx,+avx2,+fma")
+SKX = Target.from_features("skylake-avx512", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl")
+
+
+@pytest.mark.parametrize("tg, lanes", [(SPR, 16), (ZEN4, 16), (ZEN4_256, 8), (ALDER, 8), (ZEN3, 0), (SKX, 0)])
+def test_dot_lanes_follow_the_cpu(tg, lanes):
+    assert tg.int8_dot_lanes == lanes
+
+
+def quantized_wl(x_min=-128, **case):
+    j = conv2d_wl(**case).json
+    j["ops"][0]["attrs"].update(exact=1, x_min=x_min)
+    return Workload(j)
+
+
+def integer_inputs(wl, x_min, seed=0):
+    """The centered input in [x_min, x_min + 255], int8 weights, an integer bias, a float residual."""
+    rng = np.random.default_rng(seed)
+    lows = {0: (x_min, x_min + 256), 1: (-128, 128), 2: (-5000, 5000)}
+    return [rng.integers(*lows[k], t.shape).astype(np.float32) if k in lows and (k < 2 or t.const)
+            else rng.standard_normal(t.shape).astype(np.float32) for k, t in enumerate(wl.inputs)]
+
+
+CASES = [
+    # odd sizes (last column, row and channel tiles shifted back), a residual add, halos
+    (dict(C=16, H=10, W=9, K=40, k=3, s=1, p=1, hin=1, hout=1, residual=True), -128),
+    # channels not a multiple of 4 (the patch's last bytes meet zero weights), Clip, no bias
+    (dict(C=3, H=20, W=19, K=32, k=7, s=2, p=3, hin=3, hout=0, act="Clip", bias=False), 0),
+    (dict(C=24, H=7, W=13, K=48, k=1, s=1, p=0, hin=0, hout=0), -37),
+    (dict(C=64, H=15, W=15, K=128, k=3, s=2, p=1, hin=1, hout=0), -255),
+    (dict(C=16, H=12, W=12, K=16, k=3, s=1, p=2, hin=2, hout=0, dil=2), -128),
+]
+
+
+@needs_vnni
+@pytest.mark.parametrize("case, x_min", CASES, ids=lambda c: f"c{c['C']}k{c['K']}h{c['H']}k{c['k']}s{c['s']}"
+                         if isinstance(c, dict) else str(c))
+def test_knobs_sum_exactly(case, x_min):
+    """The default and each knob's extreme values (the others at the default's), on inputs that
+    span the whole byte range (x_min and x_min + 255 included: the zero halo is -x_min)."""
+    wl = quantized_wl(x_min, **case)
+    assert INT8.matches(wl) and select(wl).name == "conv2d" and untuned(wl, select(wl)) is INT8
+    space = INT8.space(wl)
+    default = INT8.default_config(wl, space)
+    assert space.is_valid(default)
+    ins = integer_inputs(wl, x_min)
+    ins[0].flat[:2] = [x_min, x_min + 255]
+    cfgs = [default] + [space.from_values(dict(default.values, **{k.name: v}))
+                        for k in space.knobs for v in (k.values[0], k.values[-1])]
+    seen = set()
+    for cfg in cfgs:
+        if not space.is_valid(cfg) or str(cfg.values) in seen:
+            continue
+        seen.add(str(cfg.values))
+        got, want, _, _ = testing.run(wl, INT8, cfg, ins)
+        if case.get("residual"):     # integer sums, then a float32 add (one rounding, as the reference's)
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6 * np.abs(want[0]).max())
+        else:
+            np.testing.assert_array_equal(got[0], want[0], err_msg=str(cfg.values))
+    assert len(seen) >= 3
+
+
+@needs_vnni
+def test_256_bit_vectors_sum_exactly():
+    """Where kernels use 256-bit vectors (AVX-VNNI, or AVX-512 preferring 256 bits) the dot
+    product is 8 lanes wide; on an AVX-512 VNNI host both forms run."""
+    if "avx512vl" not in HOST.isa:
+        pytest.skip("the host's VNNI is not 256-bit capable")
+    wl = quantized_wl(-128, **CASES[3][0])
+    with target.use(replace(HOST, vector_bits=256)):
+        assert target.current().int8_dot_lanes == 8 and INT8.matches(wl)
+        cfg = INT8.default_config(wl, INT8.space(wl))
+        got, want, _, _ = testing.run(wl, INT8, cfg, integer_inputs(wl, -128))
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_what_it_takes():
+    case = CASES[3][0]
+    with target.use(ZEN4):
+        assert INT8.matches(quantized_wl(-128, **case))
+        # no note from the importer, a note out of range or not an integer (a crafted record or
+        # module: the value reaches generated source), or a float conv
+        plain = conv2d_wl(**case).json
+        assert not INT8.matches(Workload(plain))
+        for bad in (1, -256, 0.5, True, "-128"):
+            assert not INT8.matches(quantized_wl(bad, **case)), bad
+        j = quantized_wl(-128, **case).json
+        j["ops"][0]["attrs"]["exact"] = 0
+        assert not INT8.matches(Workload(j))
+    with target.use(ZEN3), target.use(SKX):
+        assert not INT8.matches(quantized_wl(-128, **case))
+
+
+def _qconv_model(x_dtype, w_dtype, w_zp, w_range, seed=0):
+    """QLinearConv 16 -> 32, 3x3 on 12x12, per-channel weight scales, then a ReLU-free requantize."""
+    rng = np.random.default_rng(seed)
+    xt = {np.uint8: TensorProto.UINT8, np.int8: TensorProto.INT8}
+    w = rng.integers(*w_range, (32, 16, 3, 3)).astype(w_dtype)
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "xs"),
+             numpy_helper.from_array(np.array(7 if x_dtype == np.uint8 else -3, x_dtype), "xz"),
+             numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(rng.uniform(0.001, 0.01, 32).astype(np.float32), "ws"),
+             numpy_helper.from_array(np.full(32, w_zp, w_dtype), "wz"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "ys"),
+             numpy_helper.from_array(np.array(128 if x_dtype == np.uint8 else 5, x_dtype), "yz"),
+             numpy_helper.from_array(rng.integers(-2000, 2000, 32).astype(np.int32), "b")]
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"],
+                            pads=[1, 1, 1, 1])
+    g = helper.make_graph([node], "qconv", [helper.make_tensor_value_info("x", xt[x_dtype], [1, 16, 12, 12])],
+                          [helper.make_tensor_value_info("y", xt[x_dtype], [1, 32, 12, 12])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype, w_zp, w_range, int8", [
+    (np.uint8, np.int8, 0, (-128, 128), True),
+    (np.int8, np.int8, 0, (-128, 128), True),
+    (np.uint8, np.uint8, 128, (0, 256), True),        # centered: -128 .. 127
+    (np.uint8, np.uint8, 0, (0, 256), False),         # centered up to 255: not int8
+])
+def test_quantized_conv_runs_on_the_dot_product_where_its_weights_fit(x_dtype, w_dtype, w_zp, w_range, int8):
+    model = _qconv_model(x_dtype, w_dtype, w_zp, w_range)
+    mod = modelc.compile(model)
+    templates = {s["template"] for s in mod.program["steps"]}
+    assert ("conv2d_int8" in templates) == (int8 and bool(HOST.int8_dot_lanes)), templates
+    rng = np.random.default_rng(1)
+    x = rng.integers(np.iinfo(x_dtype).min, np.iinfo(x_dtype).max + 1, (1, 16, 12, 12)).astype(x_dtype)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(mod.run({"x": x})["y"], want)
