@@ -291,12 +291,18 @@ def test_integer_round_trip_dropped_through_max_pool():
     wider than uint8 keeps them."""
     from modelc.frontend import from_onnx
     from modelc.passes import optimize
-    for hi, dropped in ((255.0, True), (300.0, False)):
+    # the pool's result read by two Casts (a ResNet's stem: its block's conv and residual add) too
+    for hi, dropped, readers in ((255.0, True, 1), (300.0, False, 1), (255.0, True, 2), (300.0, False, 2)):
         inits = [nh.from_array(f32(0.0), "lo"), nh.from_array(f32(hi), "hi")]
         nodes = [helper.make_node("Round", ["x"], ["r"]), helper.make_node("Clip", ["r", "lo", "hi"], ["c"]),
                  helper.make_node("Cast", ["c"], ["q"], to=T.UINT8),
-                 helper.make_node("MaxPool", ["q"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
-                 helper.make_node("Cast", ["p"], ["y"], to=T.FLOAT)]
+                 helper.make_node("MaxPool", ["q"], ["p"], kernel_shape=[2, 2], strides=[2, 2])]
+        if readers == 1:
+            nodes.append(helper.make_node("Cast", ["p"], ["y"], to=T.FLOAT))
+        else:
+            nodes += [helper.make_node("Cast", ["p"], ["y1"], to=T.FLOAT),
+                      helper.make_node("Cast", ["p"], ["y2"], to=T.FLOAT),
+                      helper.make_node("Sigmoid", ["y2"], ["s2"]), helper.make_node("Add", ["y1", "s2"], ["y"])]
         g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 2, 6, 6])],
                               [helper.make_tensor_value_info("y", T.FLOAT, [1, 2, 3, 3])], inits)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])

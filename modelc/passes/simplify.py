@@ -43,9 +43,13 @@ def _integer_round_trip(graph: Graph, node: Node):
     constants], lo, hi) with lo and hi within the integer type (a quantize, then a dequantize):
     (the inner Cast, the order-keeping ops between), which may as well run on y; else None."""
     chain, t = [], node.inputs[0]
+    out = graph.tensors[node.outputs[0]].dtype
+    # the last op's result may have other readers if each is such a Cast too (a max pool's output
+    # read by a conv and a residual add): they become no-op Casts of its floats
+    top = all(r.op_type == "Cast" and graph.tensors[r.outputs[0]].dtype == out for r in graph.consumers(t))
     p = graph.producer(t)
     while p is not None and p.op_type in _ORDER_KEEPING and len([o for o in p.outputs if o]) == 1 and \
-            len(graph.consumers(t)) == 1 and t not in graph.outputs:
+            (len(graph.consumers(t)) == 1 or top and t == node.inputs[0]) and t not in graph.outputs:
         chain.append(p)
         t = p.inputs[0]
         p = graph.producer(t)
