@@ -140,8 +140,12 @@ def tasks_from_graph(graph: Graph) -> list[Task]:
             continue
         view = Workload(wl)
         tpl = select(view)
+        alts = alternatives(view, tpl) if tpl.tunable else []
+        # an algorithm that supersedes the others where it applies is the task's only one: no
+        # trial goes to kernels that cannot win (a quantized conv's float32 FMAs against VNNI's)
+        tpl = next((t for t in alts if t.supersedes and t.preferred(view)), tpl)
+        alts = [t.name for t in alts if t is not tpl] if not tpl.supersedes else []
         tunable = tpl.tunable and len(tpl.space(view)) > 1
-        alts = [t.name for t in alternatives(view, tpl)] if tpl.tunable else []
         by_key[key] = Task(key, describe(graph, node), tpl.name, wl, 1, group_flops(graph, node),
                            node.attrs.get("pattern", node.op_type.lower()), tunable, alts, node, graph)
     return list(by_key.values())

@@ -45,6 +45,8 @@ class Template:
     alternative_to = None  # another template's name: this one is a second algorithm for its
                            # workloads, chosen by a faster tuning record (or by `preferred`)
     takes_half = False     # also builds float16 workloads (loads h2f, computes float32, stores f2h)
+    supersedes = False     # an alternative that, where `preferred`, is the workload's only algorithm
+                           # tuning tries (the others cannot win)
 
     def matches(self, wl: Workload) -> bool:
         raise NotImplementedError

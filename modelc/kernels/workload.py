@@ -111,12 +111,27 @@ class Workload:
         res = reference.run(g, {f"i{k}": x for k, x in enumerate(inputs)})
         return [res[o] for o in g.outputs]
 
+    def integer_inputs(self) -> dict:
+        """{input index: (low, high)} for the float inputs that hold integers in a quantized conv
+        (the importer's `x_min` on an exact Conv: its centered 8-bit input, int8 weights and an
+        integer bias), which kernels may rely on: conv2d_int8 packs such weights as int8."""
+        a = self.anchor
+        low = a.attr("x_min")
+        if a.op != "Conv" or not a.attr("exact", 0) or not isinstance(low, int) or isinstance(low, bool) \
+                or not -255 <= low <= 0:
+            return {}
+        ranges = [(low, low + 255), (-128, 127), (-(1 << 16), 1 << 16)]
+        return {int(x[1:]): r for x, r in zip(a.args, ranges) if x.startswith("i")}
+
     def random_inputs(self, seed: int = 0) -> list:
         """Seeded logical inputs (weights scaled like He init so values stay of order one)."""
         rng = np.random.default_rng(seed)
         out = []
-        for t in self.inputs:
-            if t.dtype.kind == "f":
+        ints = self.integer_inputs()
+        for k, t in enumerate(self.inputs):
+            if k in ints and t.dtype.kind == "f":
+                x = rng.integers(ints[k][0], ints[k][1] + 1, t.shape).astype(t.dtype)
+            elif t.dtype.kind == "f":
                 x = rng.standard_normal(t.shape).astype(t.dtype)
                 if t.const and len(t.shape) > 1:
                     fan_in = int(np.prod(t.shape[1:])) if len(t.shape) == 4 else t.shape[0]
