@@ -3,6 +3,7 @@ and the importer's note (`x_min`) that enables it."""
 from dataclasses import replace
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -13,6 +14,7 @@ from modelc.kernels import testing
 from modelc.kernels.template import get, select, untuned
 from modelc.kernels.workload import Workload
 from modelc.target import Target
+from modelc.tune import records as R
 
 from workloads import conv2d_wl
 
@@ -152,3 +154,21 @@ def test_quantized_conv_runs_on_the_dot_product_where_its_weights_fit(x_dtype, w
     x = rng.integers(np.iinfo(x_dtype).min, np.iinfo(x_dtype).max + 1, (1, 16, 12, 12)).astype(x_dtype)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(mod.run({"x": x})["y"], want)
+
+
+@needs_vnni
+def test_tuning_measures_the_dot_product_alone(tmp_path):
+    """On a VNNI CPU a quantized conv is one task of conv2d_int8 (no float32 algorithm to try), its
+    measurements run on the integers the kernel takes, and the tuned module stays exact."""
+    model = _qconv_model(np.uint8, np.int8, 0, (-128, 128))
+    path, log = str(tmp_path / "q.onnx"), str(tmp_path / "q.jsonl")
+    onnx.save(model, path)
+    tasks = [t for t in modelc.extract_tasks(path) if t.template.startswith("conv2d")]
+    assert [(t.template, t.alternatives) for t in tasks] == [("conv2d_int8", [])]
+    modelc.tune(path, n_trials=4, log=log, trials_per_round=2, verbose=0, module_check=0)
+    recs = R.load_records(log, warn=False)
+    assert recs and all(r.template == "conv2d_int8" and not r.error for r in recs if r.key == tasks[0].key)
+    x = np.random.default_rng(2).integers(0, 256, (1, 16, 12, 12)).astype(np.uint8)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with modelc.ApplyHistoryBest(log):
+        np.testing.assert_array_equal(modelc.compile(path).run({"x": x})["y"], want)
