@@ -1,5 +1,5 @@
-"""The 8-bit dot-product conv (VNNI): exact sums for every knob, which CPUs and workloads it takes,
-and the importer's note (`x_min`) that enables it."""
+"""The 8-bit dot-product conv and dense (VNNI): exact sums for every knob, which CPUs and workloads
+they take, and the importer's note (`x_min`) that enables them."""
 from dataclasses import replace
 
 import numpy as np
@@ -16,9 +16,10 @@ from modelc.kernels.workload import Workload
 from modelc.target import Target
 from modelc.tune import records as R
 
-from workloads import conv2d_wl
+from workloads import conv2d_wl, dense_wl
 
 INT8 = get("conv2d_int8")
+DENSE8 = get("dense_int8")
 HOST = Target.host()
 needs_vnni = pytest.mark.skipif(not HOST.int8_dot_lanes, reason="this CPU has no VNNI (vpdpbusd)")
 
@@ -172,3 +173,63 @@ def test_tuning_measures_the_dot_product_alone(tmp_path):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     with modelc.ApplyHistoryBest(log):
         np.testing.assert_array_equal(modelc.compile(path).run({"x": x})["y"], want)
+
+
+@needs_vnni
+@pytest.mark.parametrize("x_shape, n, epi, x_min", [
+    ((1, 7, 40), 52, ("Relu",), -9),       # K past a multiple of 4, N past a vector, rows shifted
+    ((3, 130), 16, ("res",), -128),
+    ((13, 64), 100, ("Mul", "Sigmoid"), -255),
+])
+def test_dense_knobs_sum_exactly(x_shape, n, epi, x_min):
+    j = dense_wl(x_shape, n, bias=True, epi=epi)
+    j["ops"][0]["attrs"].update(exact=1, x_min=x_min)
+    wl = Workload(j)
+    assert DENSE8.matches(wl) and untuned(wl, select(wl)) is DENSE8
+    space = DENSE8.space(wl)
+    default = DENSE8.default_config(wl, space)
+    ins = wl.random_inputs(3)
+    assert ins[0].min() >= x_min and ins[0].max() <= x_min + 255 and np.all(ins[1] == np.round(ins[1]))
+    cfgs = [default] + [space.from_values(dict(default.values, **{k.name: v}))
+                        for k in space.knobs for v in (k.values[0], k.values[-1])]
+    seen = set()
+    for cfg in cfgs:
+        if not space.is_valid(cfg) or str(cfg.values) in seen:
+            continue
+        seen.add(str(cfg.values))
+        got, want, _, _ = testing.run(wl, DENSE8, cfg, ins)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6 * np.abs(want[0]).max(),
+                                   err_msg=str(cfg.values))
+    assert len(seen) >= 2
+
+
+def _qproduct(op, a_shape, k, n, trans_b=0, seed=0):
+    """QLinearMatMul or onnxruntime's QGemm (with an int32 bias) of uint8 rows and int8 weights."""
+    rng = np.random.default_rng(seed)
+    b = rng.integers(-128, 128, (n, k) if trans_b else (k, n)).astype(np.int8)
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "as"),
+             numpy_helper.from_array(np.array(9, np.uint8), "az"), numpy_helper.from_array(b, "b"),
+             numpy_helper.from_array(rng.uniform(0.001, 0.01, n).astype(np.float32), "bs"),
+             numpy_helper.from_array(np.zeros(n, np.int8), "bz"),
+             numpy_helper.from_array(np.array(0.07, np.float32), "ys"),
+             numpy_helper.from_array(np.array(100, np.uint8), "yz")]
+    if op == "QGemm":
+        inits.append(numpy_helper.from_array(rng.integers(-3000, 3000, n).astype(np.int32), "c"))
+        node = helper.make_node("QGemm", ["a", "as", "az", "b", "bs", "bz", "c", "ys", "yz"], ["y"],
+                                domain="com.microsoft", transB=trans_b)
+    else:
+        node = helper.make_node(op, ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    g = helper.make_graph([node], "q", [helper.make_tensor_value_info("a", TensorProto.UINT8, list(a_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, list(a_shape[:-1]) + [n])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("op, a_shape, k, n, trans_b", [
+    ("QLinearMatMul", (1, 7, 40), 40, 52, 0), ("QGemm", (5, 64), 64, 48, 1), ("QGemm", (5, 64), 64, 48, 0)])
+def test_quantized_products_run_on_the_dot_product(op, a_shape, k, n, trans_b):
+    model = _qproduct(op, a_shape, k, n, trans_b)
+    mod = modelc.compile(model)
+    assert ("dense_int8" in {s["template"] for s in mod.program["steps"]}) == bool(HOST.int8_dot_lanes)
+    a = np.random.default_rng(1).integers(0, 256, a_shape).astype(np.uint8)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
+    np.testing.assert_array_equal(mod.run({"a": a})["y"], want)

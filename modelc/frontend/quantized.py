@@ -190,29 +190,30 @@ def _conv_attrs(node) -> dict:
     return {k: v for k, v in node.attrs.items() if k in CONV_ATTRS}
 
 
-def _eight_bit_min(ctx, x, xzp, w, wzp):
-    """The least value of x - x_zero_point where x is 8-bit and w - w_zero_point are constant
-    int8 integers (a conv's dot products are then VNNI's: kernels/conv2d_int8.py), else None."""
+def eight_bit(ctx, x, xzp, w, wzp, axis: int = 0) -> dict:
+    """{"x_min": the least value of x - x_zero_point} where x is 8-bit with one zero point and
+    w - w_zero_point (one per index of w's `axis`) are constant int8 integers: a conv's or
+    product's sums are then VNNI's dot products (kernels/conv2d_int8.py); else {}."""
     zx, wv, zw = ctx.value(xzp) if xzp else 0, ctx.value(w), ctx.value(wzp) if wzp else 0
     if ctx.dtype(x) not in (np.dtype(np.uint8), np.dtype(np.int8)) or zx is None or wv is None or zw is None:
-        return None
+        return {}
     if np.size(zx) != 1:
-        return None
+        return {}
     zw = np.asarray(zw, np.int64)
-    wc = np.asarray(wv, np.int64) - (zw.reshape((-1,) + (1,) * (np.ndim(wv) - 1)) if zw.size > 1 else zw)
+    if zw.size > 1:
+        zw = zw.reshape([-1 if d == axis % np.ndim(wv) else 1 for d in range(np.ndim(wv))])
+    wc = np.asarray(wv, np.int64) - zw
     if wc.size == 0 or wc.min() < -128 or wc.max() > 127:
-        return None
-    return int(np.iinfo(ctx.dtype(x)).min) - int(np.asarray(zx).reshape(()))
+        return {}
+    return {"x_min": int(np.iinfo(ctx.dtype(x)).min) - int(np.asarray(zx).reshape(()))}
 
 
 def _int_conv(ctx, node, x, xzp, w, wzp, bias=None) -> str:
     """conv(x - x_zero_point, w - w_zero_point[m]) (+ bias), exact in float32."""
-    low = _eight_bit_min(ctx, x, xzp, w, wzp)
     xi = centered(ctx, node, x, xzp)
     wi = centered(ctx, node, w, wzp, axis=0)
     ins = [xi, wi] + ([as_float(ctx, bias)] if bias else [])
-    attrs = {**_conv_attrs(node), "exact": 1, **({"x_min": low} if low is not None else {})}
-    return ctx.emit("Conv", ins, attrs=attrs)[0]
+    return ctx.emit("Conv", ins, attrs={**_conv_attrs(node), "exact": 1, **eight_bit(ctx, x, xzp, w, wzp)})[0]
 
 
 @converter("QLinearConv", since=1, away=True)
@@ -231,7 +232,8 @@ def int_matmul(ctx, node, a, azp, b, bzp) -> str:
     ra, rb = len(ctx.shape(a)), len(ctx.shape(b))
     ai = centered(ctx, node, a, azp, axis=max(ra - 2, 0))
     bi = centered(ctx, node, b, bzp, axis=rb - 1)
-    return ctx.emit("MatMul", [ai, bi])[0]
+    notes = eight_bit(ctx, a, azp, b, bzp, axis=rb - 1) if rb == 2 else {}
+    return ctx.emit("MatMul", [ai, bi], attrs={"exact": 1, **notes} if notes else None)[0]
 
 
 def _integer(product):

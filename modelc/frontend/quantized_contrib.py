@@ -188,6 +188,10 @@ def _qgemm(ctx, node):
     ai = q.centered(ctx, node, a, azp, axis=1 if int(node.attrs.get("transA", 0)) else 0)
     bi = q.centered(ctx, node, b, bzp, axis=0 if int(node.attrs.get("transB", 0)) else 1)
     attrs = {k: int(node.attrs.get(k, 0)) for k in ("transA", "transB")}
+    if not attrs["transA"]:
+        attrs.update(q.eight_bit(ctx, a, azp, b, bzp, axis=0 if attrs["transB"] else 1))
+    if "x_min" in attrs:
+        attrs["exact"] = 1
     acc, = ctx.emit("Gemm", [ai, bi] + ([q.as_float(ctx, c)] if c else []), attrs=attrs)
     alpha = float(node.attrs.get("alpha", 1.0))
     scales = [(as_, 0), (bs, 1)]

@@ -43,6 +43,14 @@ def x_min(wl: Workload):
     return ranges[int(x[1:])][0] if x.startswith("i") and int(x[1:]) in ranges else None
 
 
+def int8_weights(w, what: str) -> np.ndarray:
+    """Constant weights that hold int8 integers, as int8 (the importer promised them)."""
+    w = np.asarray(w, np.float32)
+    if w.size and not (np.all(w == np.round(w)) and w.min() >= -128 and w.max() <= 127):
+        raise ModelcError(f"{what}: the weights are not int8 integers (range {w.min()} .. {w.max()})")
+    return w.astype(np.int8)
+
+
 @register
 class Conv2dInt8(Template):
     name = "conv2d_int8"
@@ -216,12 +224,9 @@ class Conv2dInt8(Template):
         first = [min(t * TB, KBLK - TB) * KB for t in range(KO)]      # each tile's first channel
 
         def pack(consts):
-            w = np.asarray(consts[w_arg], np.float32)                 # [K, C, KH, KW], integers
-            if not (np.all(w == np.round(w)) and w.min() >= -128 and w.max() <= 127):
-                raise ModelcError(f"conv2d_int8: the weights of {wl.anchor.op} are not int8 integers "
-                                  f"(range {w.min()} .. {w.max()})")
+            w = int8_weights(consts[w_arg], "conv2d_int8")            # [K, C, KH, KW]
             wi = np.zeros((g.K, CP, KH, KW), np.int8)
-            wi[:, :g.C] = w.astype(np.int8)
+            wi[:, :g.C] = w
             tiles = wi[np.array([f + j for f in first for j in range(KT)])]          # [KO*KT, CP, KH, KW]
             packed = tiles.reshape(KO, KT, C4, 4, KH, KW).transpose(0, 4, 5, 2, 1, 3)
             corr = lo * w.astype(np.int64).sum(axis=(1, 2, 3))

@@ -112,13 +112,13 @@ class Workload:
         return [res[o] for o in g.outputs]
 
     def integer_inputs(self) -> dict:
-        """{input index: (low, high)} for the float inputs that hold integers in a quantized conv
-        (the importer's `x_min` on an exact Conv: its centered 8-bit input, int8 weights and an
-        integer bias), which kernels may rely on: conv2d_int8 packs such weights as int8."""
+        """{input index: (low, high)} for the float inputs that hold integers in a quantized conv or
+        product (the importer's `x_min` on an exact Conv or Dense: its centered 8-bit input, int8
+        weights and an integer bias), which kernels rely on: conv2d_int8 packs such weights as int8."""
         a = self.anchor
         low = a.attr("x_min")
-        if a.op != "Conv" or not a.attr("exact", 0) or not isinstance(low, int) or isinstance(low, bool) \
-                or not -255 <= low <= 0:
+        if a.op not in ("Conv", "Dense") or not a.attr("exact", 0) or not isinstance(low, int) \
+                or isinstance(low, bool) or not -255 <= low <= 0:
             return {}
         ranges = [(low, low + 255), (-128, 127), (-(1 << 16), 1 << 16)]
         return {int(x[1:]): r for x, r in zip(a.args, ranges) if x.startswith("i")}

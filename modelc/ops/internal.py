@@ -10,13 +10,14 @@ from .registry import Kind, register
 CONVS = ("Conv", "ScaledConv")
 
 
-def _dense_shape(x, w, b=None):
+def _dense_shape(x, w, b=None, *, exact=0, x_min=None):
     return x.shape[:-1] + (w.shape[1],), x.dtype
 
 
 @register("Dense", Kind.OUT_ELEMWISE_FUSABLE, infer=_dense_shape)
-def dense(x, w, b=None):
-    """y = x @ w + b with a constant w[K, N]: what MatMul/Gemm with weights and a bias become."""
+def dense(x, w, b=None, *, exact=0, x_min=None):
+    """y = x @ w + b with a constant w[K, N]: what MatMul/Gemm with weights and a bias become
+    (`exact` and `x_min`: a quantized product's, as on Conv: ops/conv.py)."""
     y = np.matmul(x, w)
     if b is not None:
         y = y + b

@@ -32,12 +32,13 @@ def matmul_shape(a: tuple, b: tuple) -> tuple:
     return out
 
 
-def _matmul_infer(a, b):
+def _matmul_infer(a, b, *, exact=0, x_min=None):
     return matmul_shape(a.shape, b.shape), a.dtype
 
 
 @register("MatMul", Kind.OUT_ELEMWISE_FUSABLE, infer=_matmul_infer)
-def matmul(a, b):
+def matmul(a, b, *, exact=0, x_min=None):
+    """(`exact` and `x_min`: a quantized product's, as on Conv: ops/conv.py)"""
     wt = _work_dtype(a.dtype)
     return np.matmul(a.astype(wt, copy=False), b.astype(wt, copy=False)).astype(a.dtype, copy=False)
 
@@ -53,7 +54,7 @@ def _gemm_dims(a, b, trans_a, trans_b):
     return m, n
 
 
-def _gemm_infer(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+def _gemm_infer(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, exact=0, x_min=None):
     m, n = _gemm_dims(a.shape, b.shape, transA, transB)
     if c is not None and broadcast_shape(c.shape, (m, n), where="Gemm C") != (m, n):
         raise ValueError(f"C of shape {list(c.shape)} does not broadcast to [{m}, {n}]")
@@ -61,7 +62,7 @@ def _gemm_infer(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
 
 
 @register("Gemm", Kind.OUT_ELEMWISE_FUSABLE, infer=_gemm_infer)
-def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+def gemm(a, b, c=None, *, alpha=1.0, beta=1.0, transA=0, transB=0, exact=0, x_min=None):
     dtype, wt = a.dtype, _work_dtype(a.dtype)
     a = a.astype(wt, copy=False)
     b = b.astype(wt, copy=False)

@@ -41,7 +41,7 @@ def _to_dense(graph: Graph, node: Node) -> Node | None:
         w = graph.value(node.inputs[1])
         if w is None or w.ndim != 2 or len(graph.tensors[node.inputs[0]].shape) < 2:
             return None
-        return Node(node.name, "Dense", [node.inputs[0], node.inputs[1]], list(node.outputs), {},
+        return Node(node.name, "Dense", [node.inputs[0], node.inputs[1]], list(node.outputs), _quantized(node),
                     node.onnx_name)
     if node.op_type == "Gemm" and _gemm_is_dense(graph, node):
         a = node.attrs
@@ -57,8 +57,13 @@ def _to_dense(graph: Graph, node: Node) -> Node | None:
                                                   np.ascontiguousarray(w.astype(dtype)))]
         if bias is not None:
             inputs.append(graph.add_const(graph.fresh_name(f"{node.name}_b"), bias.astype(dtype)))
-        return Node(node.name, "Dense", inputs, list(node.outputs), {}, node.onnx_name)
+        return Node(node.name, "Dense", inputs, list(node.outputs), _quantized(node), node.onnx_name)
     return None
+
+
+def _quantized(node: Node) -> dict:
+    """The quantized product's notes (`exact`, `x_min`: ops/conv.py) the Dense keeps."""
+    return {k: node.attrs[k] for k in ("exact", "x_min") if k in node.attrs}
 
 
 def _absorb_bias(graph: Graph, dense: Node):
@@ -73,7 +78,7 @@ def _absorb_bias(graph: Graph, dense: Node):
         return
     bias = graph.add_const(graph.fresh_name(f"{dense.name}_bias"), c.reshape(n))
     graph.remove_node(add.name, drop_outputs=False)
-    new = Node(dense.name, "Dense", dense.inputs + [bias], [add.outputs[0]], {}, dense.onnx_name)
+    new = Node(dense.name, "Dense", dense.inputs + [bias], [add.outputs[0]], dict(dense.attrs), dense.onnx_name)
     graph.tensors.pop(y)
     _replace(graph, dense, new)
 
@@ -161,7 +166,7 @@ def _conv_as_dense(graph: Graph, node: Node):
         graph.add_tensor(x2, (n, flat), dt)
         new.append(Node(graph.fresh_name(f"{node.name}_flatten"), "Reshape", [x, shape_const([n, flat])], [x2], {},
                         node.onnx_name))
-    new += [Node(node.name, "Dense", [x2, wk] + ([bias] if bias else []), [y2], {}, node.onnx_name),
+    new += [Node(node.name, "Dense", [x2, wk] + ([bias] if bias else []), [y2], _quantized(node), node.onnx_name),
            Node(graph.fresh_name(f"{node.name}_unflatten"), "Reshape", [y2, shape_const(list(ys))], [out], {},
                 node.onnx_name)]
     # the activations after it run on [N, K], before the shape is restored, so that they stay the
