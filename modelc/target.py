@@ -91,14 +91,22 @@ class Target:
 
     @property
     def int8_dot_lanes(self) -> int:
-        """int32 lanes of one 8-bit dot product instruction (VNNI's `vpdpbusd`, kernels/vnni.py):
+        """int32 lanes of one 8-bit dot product instruction (VNNI's `vpdpbusd`, kernels/int_dot.py):
         16 with AVX-512 VNNI on 512-bit vectors, 8 on 256-bit ones (AVX512-VL, or AVX-VNNI without
-        AVX-512), 0 without VNNI (AVX2 alone: quantized convs stay float32 FMAs)."""
+        AVX-512), 0 without VNNI."""
         if "avx512vnni" in self.isa and self.vector_bits >= 512:
             return 16
         if "avx512vnni" in self.isa and "avx512vl" in self.isa or "avxvnni" in self.isa:
             return 8
         return 0
+
+    @property
+    def int16_dot_lanes(self) -> int:
+        """int32 lanes of one int16 pair product instruction (`vpmaddwd`, kernels/int_dot.py), the
+        quantized kernels' form without VNNI: 16 with AVX-512 BW on 512-bit vectors, 8 with AVX2."""
+        if "avx512bw" in self.isa and self.vector_bits >= 512:
+            return 16
+        return 8 if "avx2" in self.isa else 0
 
     # ---- records ------------------------------------------------------------------------------
     def record(self) -> dict:

@@ -1,5 +1,5 @@
-"""The 8-bit dot-product conv and dense (VNNI): exact sums for every knob, which CPUs and workloads
-they take, and the importer's note (`x_min`) that enables them."""
+"""The integer dot-product conv and dense (VNNI's bytes, else int16 pairs): exact sums for every
+knob in both forms, which CPUs and workloads they take, and the importer's note (`x_min`)."""
 from dataclasses import replace
 
 import numpy as np
@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 import modelc
 from modelc import target
 from modelc.kernels import testing
+from modelc.kernels.int_dot import dot_form
 from modelc.kernels.template import get, select, untuned
 from modelc.kernels.workload import Workload
 from modelc.target import Target
@@ -22,6 +23,9 @@ INT8 = get("conv2d_int8")
 DENSE8 = get("dense_int8")
 HOST = Target.host()
 needs_vnni = pytest.mark.skipif(not HOST.int8_dot_lanes, reason="this CPU has no VNNI (vpdpbusd)")
+needs_dot = pytest.mark.skipif(not HOST.int16_dot_lanes, reason="this CPU has no AVX2 (vpmaddwd)")
+# the host without VNNI: quantized kernels on int16 pairs (runs wherever AVX2 does)
+INT16 = replace(HOST, isa=tuple(f for f in HOST.isa if "vnni" not in f))
 
 SPR = Target.from_features("sapphirerapids", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl,+avx512vnni,+amx-int8")
 ZEN4 = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl,+avx512vnni")
@@ -29,11 +33,13 @@ ZEN4_256 = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+a
 ALDER = Target.from_features("alderlake", "+avx,+avx2,+fma,+avxvnni")
 ZEN3 = Target.from_features("znver3", "+avx,+avx2,+fma")
 SKX = Target.from_features("skylake-avx512", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl")
+SSE = Target.from_features("x86-64", "+sse4.1,+sse4.2")
 
 
-@pytest.mark.parametrize("tg, lanes", [(SPR, 16), (ZEN4, 16), (ZEN4_256, 8), (ALDER, 8), (ZEN3, 0), (SKX, 0)])
-def test_dot_lanes_follow_the_cpu(tg, lanes):
-    assert tg.int8_dot_lanes == lanes
+@pytest.mark.parametrize("tg, vnni, pairs", [(SPR, 16, 16), (ZEN4, 16, 16), (ZEN4_256, 8, 8), (ALDER, 8, 8),
+                                             (ZEN3, 0, 8), (SKX, 0, 16), (SSE, 0, 0)])
+def test_dot_lanes_follow_the_cpu(tg, vnni, pairs):
+    assert (tg.int8_dot_lanes, tg.int16_dot_lanes) == (vnni, pairs)
 
 
 def quantized_wl(x_min=-128, **case):
@@ -61,27 +67,52 @@ CASES = [
 ]
 
 
-@needs_vnni
-@pytest.mark.parametrize("case, x_min", CASES, ids=lambda c: f"c{c['C']}k{c['K']}h{c['H']}k{c['k']}s{c['s']}"
+def _run(wl, kernel, ins, owners=False):
+    """(outputs, reference outputs) of a built kernel; with `owners`, checks that each output
+    element is stored by one item (shifted tiles leave what they share to one owner: two threads
+    never race on it)."""
+    from modelc.kernels import cache
+    from modelc.kernels.layout import from_physical
+    fn = cache.load(kernel.source)
+    args, outs = testing.bind(wl, kernel, ins)
+    out = wl.outputs[0]
+    if owners:
+        assert (from_physical(testing.stores_per_output(fn, args), out.shape, out.layout) == 1).all()
+    fn(*args)
+    got = [from_physical(o, t.shape, t.layout) for o, t in zip(outs, wl.outputs)]
+    return got, testing.reference_outputs(wl, ins)
+
+
+def _form(name):
+    if name == "vnni" and not HOST.int8_dot_lanes or not HOST.int16_dot_lanes:
+        pytest.skip(f"this CPU has no {name} dot product")
+    return HOST if name == "vnni" else INT16
+
+
+@pytest.mark.parametrize("case, x_min, form", [(c, x, "vnni") for c, x in CASES] +
+                         [(c, x, "int16") for c, x in CASES[1::2]],
+                         ids=lambda c: f"c{c['C']}k{c['K']}h{c['H']}k{c['k']}s{c['s']}"
                          if isinstance(c, dict) else str(c))
-def test_knobs_sum_exactly(case, x_min):
+def test_knobs_sum_exactly(case, x_min, form):
     """The default and each knob's extreme values (the others at the default's), on inputs that
     span the whole byte range (x_min and x_min + 255 included: the zero halo is -x_min)."""
-    wl = quantized_wl(x_min, **case)
-    assert INT8.matches(wl) and select(wl).name == "conv2d" and untuned(wl, select(wl)) is INT8
-    space = INT8.space(wl)
-    default = INT8.default_config(wl, space)
-    assert space.is_valid(default)
+    with target.use(_form(form)):
+        wl = quantized_wl(x_min, **case)
+        assert INT8.matches(wl) and select(wl).name == "conv2d" and untuned(wl, select(wl)) is INT8
+        space = INT8.space(wl)
+        default = INT8.default_config(wl, space)
+        assert space.is_valid(default)
+        cfgs = [default] + [space.from_values(dict(default.values, **{k.name: v}))
+                            for k in space.knobs for v in (k.values[0], k.values[-1])]
+        kernels = [(cfg, INT8.build(wl, cfg)) for cfg in cfgs if space.is_valid(cfg)]
     ins = integer_inputs(wl, x_min)
     ins[0].flat[:2] = [x_min, x_min + 255]
-    cfgs = [default] + [space.from_values(dict(default.values, **{k.name: v}))
-                        for k in space.knobs for v in (k.values[0], k.values[-1])]
     seen = set()
-    for cfg in cfgs:
-        if not space.is_valid(cfg) or str(cfg.values) in seen:
+    for cfg, kernel in kernels:
+        if str(cfg.values) in seen:
             continue
         seen.add(str(cfg.values))
-        got, want, _, _ = testing.run(wl, INT8, cfg, ins)
+        got, want = _run(wl, kernel, ins, owners=len(seen) == 1)
         if case.get("residual"):     # integer sums, then a float32 add (one rounding, as the reference's)
             np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6 * np.abs(want[0]).max())
         else:
@@ -89,24 +120,28 @@ def test_knobs_sum_exactly(case, x_min):
     assert len(seen) >= 3
 
 
-@needs_vnni
+@needs_dot
 def test_256_bit_vectors_sum_exactly():
-    """Where kernels use 256-bit vectors (AVX-VNNI, or AVX-512 preferring 256 bits) the dot
-    product is 8 lanes wide; on an AVX-512 VNNI host both forms run."""
-    if "avx512vl" not in HOST.isa:
-        pytest.skip("the host's VNNI is not 256-bit capable")
+    """Where kernels use 256-bit vectors (AVX2's int16 pairs; AVX-VNNI, or AVX-512 preferring 256
+    bits) the dot products are 8 lanes wide; the forms the host has run."""
     wl = quantized_wl(-128, **CASES[3][0])
-    with target.use(replace(HOST, vector_bits=256)):
-        assert target.current().int8_dot_lanes == 8 and INT8.matches(wl)
-        cfg = INT8.default_config(wl, INT8.space(wl))
-        got, want, _, _ = testing.run(wl, INT8, cfg, integer_inputs(wl, -128))
-    np.testing.assert_array_equal(got[0], want[0])
+    forms = [replace(INT16, vector_bits=256)]
+    if HOST.int8_dot_lanes and "avx512vl" in HOST.isa:
+        forms.append(replace(HOST, vector_bits=256))
+    for tg in forms:
+        with target.use(tg):
+            assert 8 in (tg.int8_dot_lanes, tg.int16_dot_lanes) and INT8.matches(wl)
+            kernel = INT8.build(wl, INT8.default_config(wl, INT8.space(wl)))
+        got, want = _run(wl, kernel, integer_inputs(wl, -128))
+        np.testing.assert_array_equal(got[0], want[0])
 
 
 def test_what_it_takes():
     case = CASES[3][0]
+    for tg in (ZEN4, ZEN3, SKX):
+        with target.use(tg):
+            assert INT8.matches(quantized_wl(-128, **case))
     with target.use(ZEN4):
-        assert INT8.matches(quantized_wl(-128, **case))
         # no note from the importer, a note out of range or not an integer (a crafted record or
         # module: the value reaches generated source), or a float conv
         plain = conv2d_wl(**case).json
@@ -116,7 +151,7 @@ def test_what_it_takes():
         j = quantized_wl(-128, **case).json
         j["ops"][0]["attrs"]["exact"] = 0
         assert not INT8.matches(Workload(j))
-    with target.use(ZEN3), target.use(SKX):
+    with target.use(SSE):                   # no integer dot product: float32 FMAs
         assert not INT8.matches(quantized_wl(-128, **case))
 
 
@@ -175,32 +210,29 @@ def test_tuning_measures_the_dot_product_alone(tmp_path):
         np.testing.assert_array_equal(modelc.compile(path).run({"x": x})["y"], want)
 
 
-@needs_vnni
+@pytest.mark.parametrize("form", ["vnni", "int16"])
 @pytest.mark.parametrize("x_shape, n, epi, x_min", [
     ((1, 7, 40), 52, ("Relu",), -9),       # K past a multiple of 4, N past a vector, rows shifted
     ((3, 130), 16, ("res",), -128),
     ((13, 64), 100, ("Mul", "Sigmoid"), -255),
 ])
-def test_dense_knobs_sum_exactly(x_shape, n, epi, x_min):
+def test_dense_knobs_sum_exactly(x_shape, n, epi, x_min, form):
     j = dense_wl(x_shape, n, bias=True, epi=epi)
     j["ops"][0]["attrs"].update(exact=1, x_min=x_min)
     wl = Workload(j)
-    assert DENSE8.matches(wl) and untuned(wl, select(wl)) is DENSE8
-    space = DENSE8.space(wl)
-    default = DENSE8.default_config(wl, space)
+    with target.use(_form(form)):
+        assert DENSE8.matches(wl) and untuned(wl, select(wl)) is DENSE8
+        space = DENSE8.space(wl)
+        default = DENSE8.default_config(wl, space)
+        cfgs = [default] + [space.from_values(dict(default.values, **{k.name: v}))
+                            for k in space.knobs for v in (k.values[0], k.values[-1])]
+        kernels = {str(c.values): DENSE8.build(wl, c) for c in cfgs if space.is_valid(c)}
     ins = wl.random_inputs(3)
     assert ins[0].min() >= x_min and ins[0].max() <= x_min + 255 and np.all(ins[1] == np.round(ins[1]))
-    cfgs = [default] + [space.from_values(dict(default.values, **{k.name: v}))
-                        for k in space.knobs for v in (k.values[0], k.values[-1])]
-    seen = set()
-    for cfg in cfgs:
-        if not space.is_valid(cfg) or str(cfg.values) in seen:
-            continue
-        seen.add(str(cfg.values))
-        got, want, _, _ = testing.run(wl, DENSE8, cfg, ins)
-        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6 * np.abs(want[0]).max(),
-                                   err_msg=str(cfg.values))
-    assert len(seen) >= 2
+    for k, (name, kernel) in enumerate(kernels.items()):
+        got, want = _run(wl, kernel, ins, owners=k == 0)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-6 * np.abs(want[0]).max(), err_msg=name)
+    assert len(kernels) >= 2
 
 
 def _qproduct(op, a_shape, k, n, trans_b=0, seed=0):
@@ -260,16 +292,16 @@ def _qexpand_depthwise(seed=0):
 
 
 def test_a_quantized_expand_is_not_fused_with_its_depthwise_where_it_runs_on_dot_products():
-    """The expand's dot products beat one kernel of float32 FMAs for both convs; without VNNI the
-    pair stays one expand_depthwise kernel."""
+    """The expand's integer dot products, then the depthwise, beat one kernel of float32 FMAs for
+    both convs; without an integer dot product the pair stays one expand_depthwise kernel."""
     model = _qexpand_depthwise()
     x = np.random.default_rng(1).integers(0, 256, (1, 16, 28, 28)).astype(np.uint8)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    no_vnni = replace(HOST, isa=tuple(f for f in HOST.isa if "vnni" not in f))
-    for tg in ([HOST] if HOST.int8_dot_lanes else []) + [no_vnni]:
+    no_dot = replace(HOST, isa=tuple(f for f in HOST.isa if "vnni" not in f and f not in ("avx2", "avx512bw")))
+    for tg in [t for t in (HOST, INT16) if t.int16_dot_lanes] + [no_dot]:
+        dots = bool(dot_form(tg))
         with target.use(tg):
             mod = modelc.compile(model)
             steps = [s["template"] for s in mod.program["steps"]]
-            assert ("conv2d_int8" in steps) == bool(tg.int8_dot_lanes)
-            assert ("expand_depthwise" in steps) == (not tg.int8_dot_lanes), steps
+            assert ("conv2d_int8" in steps) == dots and ("expand_depthwise" in steps) != dots, steps
             np.testing.assert_array_equal(mod.run({"x": x})["c2_y"], want)

@@ -77,7 +77,7 @@ TAG_ENV = "MODELC_KERNEL_TAG"   # set for worker processes: they file kernels as
 def worker_env(**extra) -> dict:
     return dict(os.environ, **{TAG_ENV: target_tag()}, **extra)
 # the code generated kernels import
-_HELPER_MODULES = ("launch.py", "stack.py", "intrinsics.py", "numba_pipeline.py", "vnni.py")
+_HELPER_MODULES = ("launch.py", "stack.py", "intrinsics.py", "numba_pipeline.py", "int_dot.py")
 
 
 def file_name(source: str) -> str:

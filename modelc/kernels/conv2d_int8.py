@@ -1,20 +1,21 @@
-"""A quantized convolution on 8-bit integer dot products (x86 VNNI), for the convs quantized
-models import.
+"""A quantized convolution on integer dot products (x86 VNNI's, else AVX2's int16 pairs), for the
+convs quantized models import.
 
 QLinearConv, ConvInteger and fused QDQ convs are imported as float32 Convs of integers (`exact`),
 so every pass and epilogue applies; the importer also notes the least value the centered input can
 take (`x_min`: the integer type's minimum less the zero point) when the centered weights fit int8.
-Such a conv's sums are then exactly `vpdpbusd`'s: this kernel converts each tile's input patch once
-to unsigned bytes (x - x_min, so the zero halo that is the padding becomes -x_min), multiplies them
-by the weights packed as int8 at compile time, and adds back x_min times each output channel's
-weight sum (`corr`, packed too). The int32 sums are exact, as onnxruntime's are, where float32 ones
-are exact only below 2^24.
+Such a conv's sums are then exactly integer dot products (int_dot.py): with VNNI this kernel
+converts each tile's input patch once to unsigned bytes (x - x_min, so the zero halo that is the
+padding becomes -x_min), multiplies them by the weights packed as int8 at compile time, and adds
+back x_min times each output channel's weight sum (`corr`, packed too); without, the patch and the
+weights are int16 and `vpmaddwd` multiplies them (corr is zero). The int32 sums are exact, as
+onnxruntime's are, where float32 ones are exact only below 2^24.
 
-Input [N, C/cb, H+2h, W+2h, cb] float32; weights [tiles, KH, KW, C4, KT, 4] int8 (four consecutive
-input channels of one output channel per 32-bit lane); output [N, K/KB, OH+2h', OW+2h', KB]. One
+Input [N, C/cb, H+2h, W+2h, cb] float32; weights [tiles, KH, KW, CQ, KT, per] (the `per` consecutive
+input channels of one output channel a 32-bit lane multiplies); output [N, K/KB, OH+2h', OW+2h', KB]. One
 parallel item is (image, group of output-channel tiles, output rows, output columns): its patch is
 converted once and read by every tile of the group. The register tile is TOH x OWT pixels by
-m vectors of output channels (`vnni.I32Vector`); the epilogue (bias, requantization, activation,
+m vectors of output channels (`int_dot.I32Vector`); the epilogue (bias, requantization, activation,
 residual add) runs on it as conv2d's does.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..errors import ModelcError
 from .codegen import ParallelItem, shifted_start
 from .conv2d import OWT_CANDIDATES
 from .conv_geometry import conv_geometry
+from .int_dot import dot_form
 from .layout import offset
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue, epilogue_inputs, get, register, source
@@ -60,27 +62,30 @@ class Conv2dInt8(Template):
 
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
-        lanes = target.current().int8_dot_lanes
-        if a.op != "Conv" or not lanes or x_min(wl) is None or not a.attr("exact", 0):
+        form = dot_form(target.current())
+        if a.op != "Conv" or form is None or x_min(wl) is None or not a.attr("exact", 0):
             return False
         if not get(self.alternative_to).matches(wl):
             return False
         g = conv_geometry(wl)
-        cp = -(-g.C // 4) * 4
+        lanes = form.lanes
+        cp = -(-g.C // form.per) * form.per * np.dtype(form.x_dtype).itemsize
         patch = ((g.KH - 1) * g.dilations[0] + 1) * ((g.KW - 1) * g.dilations[1] + 1) * cp
         return g.K >= lanes and g.C * g.KH * g.KW <= MAX_TAPS and patch <= MAX_PATCH and \
             (lanes % g.KB == 0 or g.KB % lanes == 0)
 
     def preferred(self, wl: Workload) -> bool:
-        """Four times the products per instruction of float32's FMAs, exactly: always (ResNet-18's
-        3x3 convs ran 2.5-4x faster than conv2d's and Winograd's defaults, AMD EPYC Zen 4)."""
+        """Two (int16) or four (VNNI) times the products per instruction of float32's FMAs, exactly:
+        always (ResNet-18's 3x3 convs on VNNI ran 2.5-4x faster than conv2d's and Winograd's
+        defaults, AMD EPYC Zen 4)."""
         return True
 
     def space(self, wl: Workload) -> ConfigSpace:
         g = conv_geometry(wl)
         tg = target.current()
-        lanes = tg.int8_dot_lanes
-        cp = -(-g.C // 4) * 4
+        form = dot_form(tg)
+        lanes = form.lanes
+        cp = -(-g.C // form.per) * form.per * np.dtype(form.x_dtype).itemsize
         sp = ConfigSpace()
         sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.OW] or [g.OW])
         sp.define_knob("tile_oc_vectors", [m for m in (1, 2, 3, 4) if m * lanes <= g.K and (m * lanes) % g.KB == 0])
@@ -105,7 +110,7 @@ class Conv2dInt8(Template):
         channel tile over its patch unless that leaves fewer items than a few per thread."""
         g = conv_geometry(wl)
         tg = target.current()
-        lanes = tg.int8_dot_lanes
+        lanes = dot_form(tg).lanes
         best = None
         for cfg in (space.get(i) for i in space.valid_indices()):
             m, owt, toh = cfg["tile_oc_vectors"], cfg["tile_ow"], cfg["tile_oh"]
@@ -122,8 +127,9 @@ class Conv2dInt8(Template):
     def build(self, wl: Workload, cfg) -> Kernel:
         g = conv_geometry(wl)
         conv = wl.anchor
-        lo = x_min(wl)
-        V = target.current().int8_dot_lanes
+        form = dot_form(target.current())
+        lo = x_min(wl) if form.shifted else 0
+        V, PER, XT = form.lanes, form.per, form.x_dtype
         OWT, m, TOH, G = cfg["tile_ow"], cfg["tile_oc_vectors"], cfg["tile_oh"], cfg["tiles_per_item"]
         KB, cb = g.KB, g.cb
         KT = m * V
@@ -132,8 +138,8 @@ class Conv2dInt8(Template):
         KO = -(-g.K // KT)              # tiles; the last starts at block KBLK - TB
         NG = -(-KO // G)
         CBLK = g.C // cb
-        CP = -(-g.C // 4) * 4
-        C4 = CP // 4
+        CP = -(-g.C // PER) * PER
+        CQ = CP // PER
         OH, OW, KH, KW = g.OH, g.OW, g.KH, g.KW
         sh, sw = g.strides
         dh, dw = g.dilations
@@ -156,9 +162,9 @@ class Conv2dInt8(Template):
                 *item.last("og", NG, "n"),
                 f"    oh0 = {shifted_start(f'rt * {TOH}', OH, TOH)}",
                 f"    ow0 = {shifted_start(f't * {OWT}', OW, OWT)}",
-                f"    buf = carray(stack_empty({PR * PC * CP}, np.uint8), {PR * PC * CP})",
+                f"    buf = carray(stack_empty({PR * PC * CP}, np.{XT}), {PR * PC * CP})",
                 f"    acc = carray(stack_empty({P * KT}, np.int32), {P * KT})",
-                # the patch as bytes x - x_min, channels innermost (four per lane of a dot product)
+                # the patch as x - x_min (bytes) or x (int16), channels innermost (`per` a lane)
                 f"    for cb in range({CBLK}):",
                 f"        for r in range({PR}):",
                 f"            for cc in range({PC}):",
@@ -166,12 +172,12 @@ class Conv2dInt8(Template):
                 f" + (ow0 * {sw} + cc + {hin - pw}) * {cb})",
                 f"                bo = np.uintp((r * {PC} + cc) * {CP} + cb * {cb})",
                 f"                for j in range({cb}):",
-                f"                    buf[bo + np.uintp(j)] = np.uint8(np.int32({X}[xo + np.uintp(j)]) "
+                f"                    buf[bo + np.uintp(j)] = np.{XT}(np.int32({X}[xo + np.uintp(j)]) "
                 f"- np.int32({lo}))"]
-        if CP > g.C:                    # channels past C meet zero weights: any byte, but a defined one
+        if CP > g.C:                    # channels past C meet zero weights: any value, but a defined one
             body += [f"    for q in range({PR * PC}):",
                      f"        for j in range({g.C}, {CP}):",
-                     f"            buf[np.uintp(q * {CP} + j)] = np.uint8(0)"]
+                     f"            buf[np.uintp(q * {CP} + j)] = np.{XT}(0)"]
         body += [f"    for ko in range(og * {G}, min({KO}, og * {G} + {G})):",
                  f"        ko0 = {shifted_start(f'ko * {TB}', KBLK, TB)}"]
         accs = [[f"a{p}_{v}" for v in range(m)] for p in range(P)]
@@ -182,14 +188,14 @@ class Conv2dInt8(Template):
             for r in range(OWT):
                 body.append(f"                xb{rr * OWT + r} = np.uintp((({rr * sh} + kh * {dh}) * {PC} + "
                             f"{r * sw} + kw * {dw}) * {CP})")
-        body += [f"                wb = np.uintp(((ko * {KH} + kh) * {KW} + kw) * {C4 * KT * 4})",
-                 f"                for c4 in range({C4}):",
-                 "                    co = np.uintp(c4 * 4)",
-                 f"                    wo = wb + np.uintp(c4 * {KT * 4})"]
+        body += [f"                wb = np.uintp(((ko * {KH} + kh) * {KW} + kw) * {CQ * KT * PER})",
+                 f"                for cq in range({CQ}):",
+                 f"                    co = np.uintp(cq * {PER})",
+                 f"                    wo = wb + np.uintp(cq * {KT * PER})"]
         for p in range(P):
             for v in range(m):
-                body.append(f"                    {accs[p][v]} = dot_u8s8({accs[p][v]}, buf, xb{p} + co, w, "
-                            f"wo + np.uintp({v * V * 4}))")
+                body.append(f"                    {accs[p][v]} = {form.call}({accs[p][v]}, buf, xb{p} + co, w, "
+                            f"wo + np.uintp({v * V * PER}))")
         body += [f"        dot_store({accs[p][v]}, acc, np.uintp({p * KT + v * V}))"
                  for p in range(P) for v in range(m)]
 
@@ -225,10 +231,10 @@ class Conv2dInt8(Template):
 
         def pack(consts):
             w = int8_weights(consts[w_arg], "conv2d_int8")            # [K, C, KH, KW]
-            wi = np.zeros((g.K, CP, KH, KW), np.int8)
+            wi = np.zeros((g.K, CP, KH, KW), form.w_dtype)
             wi[:, :g.C] = w
             tiles = wi[np.array([f + j for f in first for j in range(KT)])]          # [KO*KT, CP, KH, KW]
-            packed = tiles.reshape(KO, KT, C4, 4, KH, KW).transpose(0, 4, 5, 2, 1, 3)
+            packed = tiles.reshape(KO, KT, CQ, PER, KH, KW).transpose(0, 4, 5, 2, 1, 3)
             corr = lo * w.astype(np.int64).sum(axis=(1, 2, 3))
             res = {"w": np.ascontiguousarray(packed).reshape(-1), "corr": corr.astype(np.int32)}
             if b_arg is not None:
@@ -237,8 +243,8 @@ class Conv2dInt8(Template):
 
         args = ["out0", X, "w", "corr"] + (["bias"] if has_bias else [])
         args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
-        dtypes = [np.float32, np.float32, np.int8, np.int32] + ([np.float32] if has_bias else []) + \
+        dtypes = [np.float32, np.float32, np.dtype(form.w_dtype), np.int32] + ([np.float32] if has_bias else []) + \
             [wl.inputs[int(a[2:])].dtype for a in args[4 + has_bias:]]
         dtypes[0] = out.dtype
-        imports = ["from modelc.kernels.vnni import dot_store, dot_u8s8, dot_zero"]
+        imports = [f"from modelc.kernels.int_dot import dot_store, {form.call}, dot_zero"]
         return Kernel(source(args, dtypes, body, extra=imports), args, pack)

@@ -1,11 +1,11 @@
-"""A quantized Dense (x[..., K] @ w[K, N]) on 8-bit integer dot products (x86 VNNI), for the
-products quantized models import (QLinearMatMul, QGemm, MatMulInteger, MatMulIntegerToFloat with
-constant weights): conv2d_int8's method on a GEMM.
+"""A quantized Dense (x[..., K] @ w[K, N]) on integer dot products (int_dot.py: VNNI's, else
+AVX2's int16 pairs), for the products quantized models import (QLinearMatMul, QGemm, MatMulInteger,
+MatMulIntegerToFloat with constant weights): conv2d_int8's method on a GEMM.
 
-Each parallel item converts MR rows of x to unsigned bytes (x - x_min, the importer's note) once
-and runs them against a group of column tiles of weights packed as [N/NT, K4, NT, 4] int8; x_min
-times each column's weight sum (`corr`) is added back to the exact int32 sums before the bias and
-the epilogue (requantization, activation ...), as Dense's.
+Each parallel item converts MR rows of x once (to bytes x - x_min, or to int16) and runs them
+against a group of column tiles of weights packed as [N/NT, KQ, NT, per]; with VNNI x_min times
+each column's weight sum (`corr`) is added back to the exact int32 sums before the bias and the
+epilogue (requantization, activation ...), as Dense's.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import numpy as np
 from .. import target
 from .codegen import ParallelItem, unravel_index
 from .conv2d_int8 import MAX_PATCH, MAX_TAPS, int8_weights, x_min
+from .int_dot import dot_form
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue, epilogue_inputs, get, register, source
 from .workload import Workload
@@ -36,23 +37,28 @@ class DenseInt8(Template):
         return math.prod(x.shape[:-1]), w.shape[0], w.shape[1], x
 
     def matches(self, wl: Workload) -> bool:
-        lanes = target.current().int8_dot_lanes
-        if wl.anchor.op != "Dense" or not lanes or x_min(wl) is None or not wl.anchor.attr("exact", 0):
+        form = dot_form(target.current())
+        if wl.anchor.op != "Dense" or form is None or x_min(wl) is None or not wl.anchor.attr("exact", 0):
             return False
         if not get(self.alternative_to).matches(wl):
             return False
         M, K, N, _ = self._dims(wl)
-        return N >= lanes and K <= MAX_TAPS and -(-K // 4) * 4 <= MAX_PATCH
+        return N >= form.lanes and K <= MAX_TAPS and self._row_bytes(K, form) <= MAX_PATCH
+
+    @staticmethod
+    def _row_bytes(K, form) -> int:
+        return -(-K // form.per) * form.per * np.dtype(form.x_dtype).itemsize
 
     def preferred(self, wl: Workload) -> bool:
-        """As conv2d_int8's: four times float32's products per instruction, exactly."""
+        """As conv2d_int8's: two or four times float32's products per instruction, exactly."""
         return True
 
     def space(self, wl: Workload) -> ConfigSpace:
         M, K, N, _ = self._dims(wl)
         tg = target.current()
-        lanes = tg.int8_dot_lanes
-        kp = -(-K // 4) * 4
+        form = dot_form(tg)
+        lanes = form.lanes
+        kp = self._row_bytes(K, form)
         sp = ConfigSpace()
         sp.define_knob("tile_m", [r for r in MR_CANDIDATES if r <= M] or [M])
         sp.define_knob("tile_n_vectors", [v for v in (1, 2, 3, 4) if v == 1 or v * lanes <= N])
@@ -72,7 +78,7 @@ class DenseInt8(Template):
         an item's rows in the item unless that leaves fewer items than a few per thread."""
         M, K, N, _ = self._dims(wl)
         tg = target.current()
-        lanes = tg.int8_dot_lanes
+        lanes = dot_form(tg).lanes
         best = None
         for cfg in (space.get(i) for i in space.valid_indices()):
             mr, v = cfg["tile_m"], cfg["tile_n_vectors"]
@@ -86,15 +92,16 @@ class DenseInt8(Template):
 
     def build(self, wl: Workload, cfg) -> Kernel:
         M, K, N, x = self._dims(wl)
-        lo = x_min(wl)
-        V = target.current().int8_dot_lanes
+        form = dot_form(target.current())
+        lo = x_min(wl) if form.shifted else 0
+        V, PER, XT = form.lanes, form.per, form.x_dtype
         MR, m, G = cfg["tile_m"], cfg["tile_n_vectors"], cfg["tiles_per_item"]
         NT = m * V
         NTL = -(-N // NT)
         NG = -(-NTL // G)
         MT = -(-M // MR)
-        KP = -(-K // 4) * 4
-        K4 = KP // 4
+        KP = -(-K // PER) * PER
+        KQ = KP // PER
         a = wl.anchor
         x_arg, w_arg = int(a.args[0][1:]), int(a.args[1][1:])
         b_arg = int(a.args[2][1:]) if len(a.args) > 2 and a.args[2] else None
@@ -103,28 +110,28 @@ class DenseInt8(Template):
         body = [item.loop(MT * NG),
                 *item.last("mt", MT, "og"),
                 f"    m0 = min(mt * {MR}, {M - MR})",
-                f"    buf = carray(stack_empty({MR * KP}, np.uint8), {MR * KP})",
+                f"    buf = carray(stack_empty({MR * KP}, np.{XT}), {MR * KP})",
                 f"    acc = carray(stack_empty({MR * NT}, np.int32), {MR * NT})",
                 f"    for r in range({MR}):",
                 f"        xo = np.uintp((m0 + r) * {K})",
                 f"        bo = np.uintp(r * {KP})",
                 f"        for k in range({K}):",
-                f"            buf[bo + np.uintp(k)] = np.uint8(np.int32({X}[xo + np.uintp(k)]) - np.int32({lo}))"]
+                f"            buf[bo + np.uintp(k)] = np.{XT}(np.int32({X}[xo + np.uintp(k)]) - np.int32({lo}))"]
         if KP > K:
-            body += [f"        for k in range({K}, {KP}):", "            buf[bo + np.uintp(k)] = np.uint8(0)"]
+            body += [f"        for k in range({K}, {KP}):", f"            buf[bo + np.uintp(k)] = np.{XT}(0)"]
         body += [f"    for nt in range(og * {G}, min({NTL}, og * {G} + {G})):",
                  f"        n0 = nt * {NT}",
                  f"        nv = min({NT}, {N} - n0)"]
         accs = [[f"a{r}_{v}" for v in range(m)] for r in range(MR)]
         body += [f"        {name} = dot_zero({V})" for row in accs for name in row]
-        body += [f"        wb = np.uintp(nt * {K4 * NT * 4})",
-                 f"        for k4 in range({K4}):",
-                 "            xo = np.uintp(k4 * 4)",
-                 f"            wo = wb + np.uintp(k4 * {NT * 4})"]
+        body += [f"        wb = np.uintp(nt * {KQ * NT * PER})",
+                 f"        for kq in range({KQ}):",
+                 f"            xo = np.uintp(kq * {PER})",
+                 f"            wo = wb + np.uintp(kq * {NT * PER})"]
         for r in range(MR):
             for v in range(m):
-                body.append(f"            {accs[r][v]} = dot_u8s8({accs[r][v]}, buf, xo + np.uintp({r * KP}), w, "
-                            f"wo + np.uintp({v * V * 4}))")
+                body.append(f"            {accs[r][v]} = {form.call}({accs[r][v]}, buf, xo + np.uintp({r * KP}), w, "
+                            f"wo + np.uintp({v * V * PER}))")
         body += [f"        dot_store({accs[r][v]}, acc, np.uintp({r * NT + v * V}))"
                  for r in range(MR) for v in range(m)]
         # bias, epilogue and store of the rows this item owns (a shifted last tile's first rows
@@ -148,9 +155,9 @@ class DenseInt8(Template):
 
         def pack(consts):
             w = int8_weights(consts[w_arg], "dense_int8")                       # [K, N]
-            wp = np.zeros((KP, NTL * NT), np.int8)
+            wp = np.zeros((KP, NTL * NT), form.w_dtype)
             wp[:K, :N] = w
-            packed = wp.reshape(K4, 4, NTL, NT).transpose(2, 0, 3, 1)          # [NTL, K4, NT, 4]
+            packed = wp.reshape(KQ, PER, NTL, NT).transpose(2, 0, 3, 1)         # [NTL, KQ, NT, per]
             corr = lo * w.astype(np.int64).sum(axis=0)
             res = {"w": np.ascontiguousarray(packed).reshape(-1), "corr": corr.astype(np.int32)}
             if b_arg is not None:
@@ -159,7 +166,8 @@ class DenseInt8(Template):
 
         args = ["out0", X, "w", "corr"] + (["bias"] if b_arg is not None else [])
         args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
-        dtypes = [out.dtype, np.float32, np.int8, np.int32] + ([np.float32] if b_arg is not None else []) + \
+        dtypes = [out.dtype, np.float32, np.dtype(form.w_dtype), np.int32] + \
+            ([np.float32] if b_arg is not None else []) + \
             [wl.inputs[int(s[2:])].dtype for s in args[4 + (b_arg is not None):]]
-        imports = ["from modelc.kernels.vnni import dot_store, dot_u8s8, dot_zero"]
+        imports = [f"from modelc.kernels.int_dot import dot_store, {form.call}, dot_zero"]
         return Kernel(source(args, dtypes, body, extra=imports), args, pack)
