@@ -305,3 +305,21 @@ def test_a_quantized_expand_is_not_fused_with_its_depthwise_where_it_runs_on_dot
             steps = [s["template"] for s in mod.program["steps"]]
             assert ("conv2d_int8" in steps) == dots and ("expand_depthwise" in steps) != dots, steps
             np.testing.assert_array_equal(mod.run({"x": x})["c2_y"], want)
+
+
+@needs_dot
+def test_a_saved_module_loads_with_the_loading_cpus_form(tmp_path):
+    """A module saved where the conv ran on one dot product builds the loading CPU's (the same
+    results), and is refused, naming the step, where that CPU has none: its kernel would abort."""
+    model = _qconv_model(np.uint8, np.int8, 0, (-128, 128))
+    mod = modelc.compile(model)
+    path = str(tmp_path / "q.modelc")
+    mod.save(path)
+    x = np.random.default_rng(1).integers(0, 256, (1, 16, 12, 12)).astype(np.uint8)
+    want = mod.run({"x": x})["y"]
+    with target.use(INT16):
+        np.testing.assert_array_equal(modelc.load(path).run({"x": x})["y"], want)
+    no_dot = replace(HOST, isa=tuple(f for f in HOST.isa if "vnni" not in f and f not in ("avx2", "avx512bw")))
+    if dot_form(HOST) is not None and "conv2d_int8" in {s["template"] for s in mod.program["steps"]}:
+        with target.use(no_dot), pytest.raises(modelc.ModelcError, match=r"steps\[\d+\]\.template.*conv2d_int8"):
+            modelc.load(path)
