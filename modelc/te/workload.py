@@ -25,6 +25,10 @@ class TeWorkload:
 
     random_inputs = Workload.random_inputs  # floats of order one, small integers (no constants)
 
+    def integer_inputs(self) -> dict:
+        """None of a declared computation's inputs hold a quantized op's integers."""
+        return {}
+
     def reference(self, inputs: list) -> list:
         out = self.dag.evaluate(*inputs)
         return list(out) if isinstance(out, tuple) else [out]
