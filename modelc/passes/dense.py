@@ -57,7 +57,8 @@ def _to_dense(graph: Graph, node: Node) -> Node | None:
                                                   np.ascontiguousarray(w.astype(dtype)))]
         if bias is not None:
             inputs.append(graph.add_const(graph.fresh_name(f"{node.name}_b"), bias.astype(dtype)))
-        return Node(node.name, "Dense", inputs, list(node.outputs), _quantized(node), node.onnx_name)
+        notes = _quantized(node) if float(a.get("alpha", 1.0)) == 1.0 else {}    # alpha scales the integers
+        return Node(node.name, "Dense", inputs, list(node.outputs), notes, node.onnx_name)
     return None
 
 
