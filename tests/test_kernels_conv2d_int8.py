@@ -22,7 +22,6 @@ from workloads import conv2d_wl, dense_wl
 INT8 = get("conv2d_int8")
 DENSE8 = get("dense_int8")
 HOST = Target.host()
-needs_vnni = pytest.mark.skipif(not HOST.int8_dot_lanes, reason="this CPU has no VNNI (vpdpbusd)")
 needs_dot = pytest.mark.skipif(not HOST.int16_dot_lanes, reason="this CPU has no AVX2 (vpmaddwd)")
 # the host without VNNI: quantized kernels on int16 pairs (runs wherever AVX2 does)
 INT16 = replace(HOST, isa=tuple(f for f in HOST.isa if "vnni" not in f))
@@ -200,17 +199,18 @@ def test_quantized_conv_runs_on_the_dot_product_where_its_weights_fit(x_dtype, w
     model = _qconv_model(x_dtype, w_dtype, w_zp, w_range)
     mod = modelc.compile(model)
     templates = {s["template"] for s in mod.program["steps"]}
-    assert ("conv2d_int8" in templates) == (int8 and bool(HOST.int8_dot_lanes)), templates
+    assert ("conv2d_int8" in templates) == (int8 and dot_form(HOST) is not None), templates
     rng = np.random.default_rng(1)
     x = rng.integers(np.iinfo(x_dtype).min, np.iinfo(x_dtype).max + 1, (1, 16, 12, 12)).astype(x_dtype)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(mod.run({"x": x})["y"], want)
 
 
-@needs_vnni
+@needs_dot
 def test_tuning_measures_the_dot_product_alone(tmp_path):
-    """On a VNNI CPU a quantized conv is one task of conv2d_int8 (no float32 algorithm to try), its
-    measurements run on the integers the kernel takes, and the tuned module stays exact."""
+    """On a CPU with an integer dot product a quantized conv is one task of conv2d_int8 (no float32
+    algorithm to try), its measurements run on the integers the kernel takes, and the tuned module
+    stays exact."""
     model = _qconv_model(np.uint8, np.int8, 0, (-128, 128))
     path, log = str(tmp_path / "q.onnx"), str(tmp_path / "q.jsonl")
     onnx.save(model, path)
@@ -275,7 +275,7 @@ def _qproduct(op, a_shape, k, n, trans_b=0, seed=0):
 def test_quantized_products_run_on_the_dot_product(op, a_shape, k, n, trans_b):
     model = _qproduct(op, a_shape, k, n, trans_b)
     mod = modelc.compile(model)
-    assert ("dense_int8" in {s["template"] for s in mod.program["steps"]}) == bool(HOST.int8_dot_lanes)
+    assert ("dense_int8" in {s["template"] for s in mod.program["steps"]}) == (dot_form(HOST) is not None)
     a = np.random.default_rng(1).integers(0, 256, a_shape).astype(np.uint8)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
     np.testing.assert_array_equal(mod.run({"a": a})["y"], want)
