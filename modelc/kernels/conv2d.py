@@ -59,6 +59,39 @@ def computed_taps(g, tile_oh: int, tile_ow: int) -> int:
     return work
 
 
+def tile_stores(wl: Workload, g, TOH: int, OWT: int, m: int, value, ind: str) -> list:
+    """The epilogue and store of a register tile of TOH x OWT pixels (from oh0, ow0) by m output
+    blocks (from block ko0), for the item (rt, t, ko) of tiles shifted back at the ends: `value(rr,
+    r, blk, cblk)` is the sum at a pixel and block (lane `jj`) before the epilogue; lines at `ind`.
+
+    A shifted tile stores only what the tile before it did not: two items writing one output raced,
+    and as LLVM may round the same sum differently in two places of the unrolled tile (fast-math
+    reassociates the bias and residual adds), a module's results changed from run to run in the last
+    bit (MobileNetV2's 1x1 conv 144 -> 24, blocks of 8 in tiles of 2). The pixels every item owns
+    share one loop over a block's lanes (a loop each compiled 1.2-1.6x slower to the same speed); a
+    guarded pixel keeps a loop of its own (under their guards in one shared loop, a 5-pixel x 4-block
+    tile ran 2x slower)."""
+    out, KB, KBLK = wl.outputs[0], g.KB, g.K // g.KB
+    mine, guarded = [], []
+    for rr in range(TOH):
+        for r in range(OWT):
+            for blk in range(m):
+                owner = ([f"oh0 + {rr} >= rt * {TOH}"] if g.OH % TOH else []) + \
+                    ([f"ow0 + {r} >= t * {OWT}"] if g.OW % OWT else []) + \
+                    ([f"ko0 + {blk} >= ko * {m}"] if KBLK % m else [])
+                cblk = f"ko0 + {blk}" if blk else "ko0"
+                idx = ["n", (cblk, "jj", KB), f"oh0 + {rr}", f"ow0 + {r}"]
+                lines, final = epilogue(wl, wl.epilogue, value(rr, r, blk, cblk), idx, out.shape, out.dtype,
+                                        f"v{wl.anchor.index}", var=f"e{rr}_{r}_", unsigned=True)
+                lines.append(f"out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
+                if owner:
+                    guarded += [f"{ind}if {' and '.join(owner)}:", f"{ind}    for jj in range({KB}):"]
+                    guarded += [f"{ind}        {ln}" for ln in lines]
+                else:
+                    mine += [f"{ind}    {ln}" for ln in lines]
+    return ([f"{ind}for jj in range({KB}):"] + mine if mine else []) + guarded
+
+
 def _scale_ok(wl: Workload) -> bool:
     """A ScaledConv's gate: a run-time float32 [N, C, 1, 1] input (read through its layout)."""
     a = wl.anchor
@@ -275,36 +308,10 @@ class Conv2d(Template):
         body += row(12) + kw_loop(12)
 
         # epilogue and store: channel k = (ko * m + blk) * KB + jj
-        out = wl.outputs[0]
-        ops = wl.epilogue
-        # A shifted tile stores only what the tile before it did not: two items writing one output
-        # raced, and as LLVM may round the same sum differently in two places of the unrolled tile
-        # (fast-math reassociates the bias and residual adds), a module's results changed from run to
-        # run in the last bit (MobileNetV2's 1x1 conv 144 -> 24, blocks of 8 in tiles of 2).
-        # The pixels every item owns share one loop over a block's lanes (a loop each compiled 1.2-1.6x
-        # slower to the same speed); a guarded pixel keeps a loop of its own (under their guards in
-        # one shared loop, a 5-pixel x 4-block tile ran 2x slower).
-        mine, guarded = [], []
-        for rr in range(TOH):
-            for r in range(OWT):
-                for blk in range(m):
-                    owner = ([f"oh0 + {rr} >= rt * {TOH}"] if OH % TOH else []) + \
-                        ([f"ow0 + {r} >= t * {OWT}"] if OW % OWT else []) + \
-                        ([f"ko0 + {blk} >= ko * {m}"] if KBLK % m else [])
-                    v = f"acc[{(rr * OWT + r) * KT + blk * KB} + jj]"
-                    cblk = f"ko0 + {blk}" if blk else "ko0"
-                    if has_bias:
-                        v = f"({v} + bias[np.uintp(({cblk}) * {KB} + jj)])"
-                    idx = ["n", (cblk, "jj", KB), f"oh0 + {rr}", f"ow0 + {r}"]
-                    lines, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
-                                            var=f"e{rr}_{r}_", unsigned=True)
-                    lines.append(f"out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
-                    if owner:
-                        guarded += [f"    if {' and '.join(owner)}:", f"        for jj in range({KB}):"]
-                        guarded += [f"            {ln}" for ln in lines]
-                    else:
-                        mine += [f"        {ln}" for ln in lines]
-        body += ([f"    for jj in range({KB}):"] + mine if mine else []) + guarded
+        def value(rr, r, blk, cblk):
+            v = f"acc[{(rr * OWT + r) * KT + blk * KB} + jj]"
+            return f"({v} + bias[np.uintp(({cblk}) * {KB} + jj)])" if has_bias else v
+        body += tile_stores(wl, g, TOH, OWT, m, value, "    ")
 
         def pack_weights(w):                                            # [K, C, KH, KW]
             first = [min(t * m, KBLK - m) * KB for t in range(KO)]      # each tile's first channel

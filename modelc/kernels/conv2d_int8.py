@@ -25,12 +25,11 @@ import numpy as np
 from .. import target
 from ..errors import ModelcError
 from .codegen import ParallelItem, shifted_start
-from .conv2d import OWT_CANDIDATES
+from .conv2d import OWT_CANDIDATES, tile_stores
 from .conv_geometry import conv_geometry
 from .int_dot import dot_form
-from .layout import offset
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue, epilogue_inputs, get, register, source
+from .template import Kernel, Template, epilogue_inputs, get, register, source
 from .workload import Workload
 
 MAX_PATCH = 64 << 10          # bytes of a tile's converted input patch (on the stack)
@@ -53,6 +52,28 @@ def int8_weights(w, what: str) -> np.ndarray:
     return w.astype(np.int8)
 
 
+def dot_tile(form, rows: int, m: int, x_at, width: int, ind: str, inner: str) -> tuple[list, list, list]:
+    """Source of a register tile of `rows` x m vectors of int32 accumulators (`form`'s): their
+    zeroing (at `ind`), one dot product each per reduction step (at `inner`; row p reads the patch
+    at x_at(p), vector v the weights at wo + v lanes), and their store to acc[p * width + v * lanes]
+    (at `ind`)."""
+    V, accs = form.lanes, [[f"a{p}_{v}" for v in range(m)] for p in range(rows)]
+    zero = [f"{ind}{a} = dot_zero({V})" for row in accs for a in row]
+    dots = [f"{inner}{accs[p][v]} = {form.call}({accs[p][v]}, buf, {x_at(p)}, w, wo + np.uintp({v * V * form.per}))"
+            for p in range(rows) for v in range(m)]
+    store = [f"{ind}dot_store({accs[p][v]}, acc, np.uintp({p * width + v * V}))" for p in range(rows) for v in range(m)]
+    return zero, dots, store
+
+
+def pixel_bytes(channels: int, form) -> int:
+    """Bytes of one pixel's (or row's) `channels` in a patch: whole lanes of `form.per` values."""
+    return -(-channels // form.per) * form.per * np.dtype(form.x_dtype).itemsize
+
+
+def dot_imports(form) -> list:
+    return [f"from modelc.kernels.int_dot import dot_store, {form.call}, dot_zero"]
+
+
 @register
 class Conv2dInt8(Template):
     name = "conv2d_int8"
@@ -69,7 +90,7 @@ class Conv2dInt8(Template):
             return False
         g = conv_geometry(wl)
         lanes = form.lanes
-        cp = -(-g.C // form.per) * form.per * np.dtype(form.x_dtype).itemsize
+        cp = pixel_bytes(g.C, form)
         patch = ((g.KH - 1) * g.dilations[0] + 1) * ((g.KW - 1) * g.dilations[1] + 1) * cp
         return g.K >= lanes and g.C * g.KH * g.KW <= MAX_TAPS and patch <= MAX_PATCH and \
             (lanes % g.KB == 0 or g.KB % lanes == 0)
@@ -85,7 +106,7 @@ class Conv2dInt8(Template):
         tg = target.current()
         form = dot_form(tg)
         lanes = form.lanes
-        cp = -(-g.C // form.per) * form.per * np.dtype(form.x_dtype).itemsize
+        cp = pixel_bytes(g.C, form)
         sp = ConfigSpace()
         sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.OW] or [g.OW])
         sp.define_knob("tile_oc_vectors", [m for m in (1, 2, 3, 4) if m * lanes <= g.K and (m * lanes) % g.KB == 0])
@@ -180,8 +201,8 @@ class Conv2dInt8(Template):
                      f"            buf[np.uintp(q * {CP} + j)] = np.{XT}(0)"]
         body += [f"    for ko in range(og * {G}, min({KO}, og * {G} + {G})):",
                  f"        ko0 = {shifted_start(f'ko * {TB}', KBLK, TB)}"]
-        accs = [[f"a{p}_{v}" for v in range(m)] for p in range(P)]
-        body += [f"        {a} = dot_zero({V})" for row in accs for a in row]
+        zero, dots, store = dot_tile(form, P, m, lambda p: f"xb{p} + co", KT, " " * 8, " " * 20)
+        body += zero
         body += [f"        for kh in range({KH}):",
                  f"            for kw in range({KW}):"]
         for rr in range(TOH):
@@ -191,39 +212,14 @@ class Conv2dInt8(Template):
         body += [f"                wb = np.uintp(((ko * {KH} + kh) * {KW} + kw) * {CQ * KT * PER})",
                  f"                for cq in range({CQ}):",
                  f"                    co = np.uintp(cq * {PER})",
-                 f"                    wo = wb + np.uintp(cq * {KT * PER})"]
-        for p in range(P):
-            for v in range(m):
-                body.append(f"                    {accs[p][v]} = {form.call}({accs[p][v]}, buf, xb{p} + co, w, "
-                            f"wo + np.uintp({v * V * PER}))")
-        body += [f"        dot_store({accs[p][v]}, acc, np.uintp({p * KT + v * V}))"
-                 for p in range(P) for v in range(m)]
+                 f"                    wo = wb + np.uintp(cq * {KT * PER})"] + dots + store
 
-        # epilogue and store, as conv2d's: channel k = (ko0 + blk) * KB + jj; the pixels and
-        # blocks a shifted tile shares with the one before it are stored once (by that one)
-        out = wl.outputs[0]
-        mine, guarded = [], []
-        for rr in range(TOH):
-            for r in range(OWT):
-                for blk in range(TB):
-                    owner = ([f"oh0 + {rr} >= rt * {TOH}"] if OH % TOH else []) + \
-                        ([f"ow0 + {r} >= t * {OWT}"] if OW % OWT else []) + \
-                        ([f"ko0 + {blk} >= ko * {TB}"] if KBLK % TB else [])
-                    cblk = f"ko0 + {blk}" if blk else "ko0"
-                    k = f"np.uintp(({cblk}) * {KB} + jj)"
-                    v = f"np.float32(acc[{(rr * OWT + r) * KT + blk * KB} + jj] + corr[{k}])"
-                    if has_bias:
-                        v = f"({v} + bias[{k}])"
-                    idx = ["n", (cblk, "jj", KB), f"oh0 + {rr}", f"ow0 + {r}"]
-                    lines, final = epilogue(wl, wl.epilogue, v, idx, out.shape, out.dtype, f"v{conv.index}",
-                                            var=f"e{rr}_{r}_", unsigned=True)
-                    lines.append(f"out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
-                    if owner:
-                        guarded += [f"        if {' and '.join(owner)}:", f"            for jj in range({KB}):"]
-                        guarded += [f"                {ln}" for ln in lines]
-                    else:
-                        mine += [f"            {ln}" for ln in lines]
-        body += ([f"        for jj in range({KB}):"] + mine if mine else []) + guarded
+        # epilogue and store, as conv2d's (tile_stores): channel k = (ko0 + blk) * KB + jj
+        def value(rr, r, blk, cblk):
+            k = f"np.uintp(({cblk}) * {KB} + jj)"
+            v = f"np.float32(acc[{(rr * OWT + r) * KT + blk * KB} + jj] + corr[{k}])"
+            return f"({v} + bias[{k}])" if has_bias else v
+        body += tile_stores(wl, g, TOH, OWT, TB, value, "        ")
 
         w_arg = int(conv.args[1][1:])
         b_arg = int(conv.args[2][1:]) if has_bias else None
@@ -243,8 +239,6 @@ class Conv2dInt8(Template):
 
         args = ["out0", X, "w", "corr"] + (["bias"] if has_bias else [])
         args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
-        dtypes = [np.float32, np.float32, np.dtype(form.w_dtype), np.int32] + ([np.float32] if has_bias else []) + \
-            [wl.inputs[int(a[2:])].dtype for a in args[4 + has_bias:]]
-        dtypes[0] = out.dtype
-        imports = [f"from modelc.kernels.int_dot import dot_store, {form.call}, dot_zero"]
-        return Kernel(source(args, dtypes, body, extra=imports), args, pack)
+        dtypes = [wl.outputs[0].dtype, np.float32, np.dtype(form.w_dtype), np.int32] + \
+            ([np.float32] if has_bias else []) + [wl.inputs[int(a[2:])].dtype for a in args[4 + has_bias:]]
+        return Kernel(source(args, dtypes, body, extra=dot_imports(form)), args, pack)

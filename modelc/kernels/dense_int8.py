@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import target
 from .codegen import ParallelItem, unravel_index
-from .conv2d_int8 import MAX_PATCH, MAX_TAPS, int8_weights, x_min
+from .conv2d_int8 import MAX_PATCH, MAX_TAPS, dot_imports, dot_tile, int8_weights, pixel_bytes, x_min
 from .int_dot import dot_form
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue, epilogue_inputs, get, register, source
@@ -43,11 +43,7 @@ class DenseInt8(Template):
         if not get(self.alternative_to).matches(wl):
             return False
         M, K, N, _ = self._dims(wl)
-        return N >= form.lanes and K <= MAX_TAPS and self._row_bytes(K, form) <= MAX_PATCH
-
-    @staticmethod
-    def _row_bytes(K, form) -> int:
-        return -(-K // form.per) * form.per * np.dtype(form.x_dtype).itemsize
+        return N >= form.lanes and K <= MAX_TAPS and pixel_bytes(K, form) <= MAX_PATCH
 
     def preferred(self, wl: Workload) -> bool:
         """As conv2d_int8's: two or four times float32's products per instruction, exactly."""
@@ -58,7 +54,7 @@ class DenseInt8(Template):
         tg = target.current()
         form = dot_form(tg)
         lanes = form.lanes
-        kp = self._row_bytes(K, form)
+        kp = pixel_bytes(K, form)
         sp = ConfigSpace()
         sp.define_knob("tile_m", [r for r in MR_CANDIDATES if r <= M] or [M])
         sp.define_knob("tile_n_vectors", [v for v in (1, 2, 3, 4) if v == 1 or v * lanes <= N])
@@ -122,18 +118,12 @@ class DenseInt8(Template):
         body += [f"    for nt in range(og * {G}, min({NTL}, og * {G} + {G})):",
                  f"        n0 = nt * {NT}",
                  f"        nv = min({NT}, {N} - n0)"]
-        accs = [[f"a{r}_{v}" for v in range(m)] for r in range(MR)]
-        body += [f"        {name} = dot_zero({V})" for row in accs for name in row]
+        zero, dots, store = dot_tile(form, MR, m, lambda r: f"xo + np.uintp({r * KP})", NT, " " * 8, " " * 12)
+        body += zero
         body += [f"        wb = np.uintp(nt * {KQ * NT * PER})",
                  f"        for kq in range({KQ}):",
                  f"            xo = np.uintp(kq * {PER})",
-                 f"            wo = wb + np.uintp(kq * {NT * PER})"]
-        for r in range(MR):
-            for v in range(m):
-                body.append(f"            {accs[r][v]} = {form.call}({accs[r][v]}, buf, xo + np.uintp({r * KP}), w, "
-                            f"wo + np.uintp({v * V * PER}))")
-        body += [f"        dot_store({accs[r][v]}, acc, np.uintp({r * NT + v * V}))"
-                 for r in range(MR) for v in range(m)]
+                 f"            wo = wb + np.uintp(kq * {NT * PER})"] + dots + store
         # bias, epilogue and store of the rows this item owns (a shifted last tile's first rows
         # are the tile before it's)
         out = wl.outputs[0]
@@ -169,5 +159,4 @@ class DenseInt8(Template):
         dtypes = [out.dtype, np.float32, np.dtype(form.w_dtype), np.int32] + \
             ([np.float32] if b_arg is not None else []) + \
             [wl.inputs[int(s[2:])].dtype for s in args[4 + (b_arg is not None):]]
-        imports = [f"from modelc.kernels.int_dot import dot_store, {form.call}, dot_zero"]
-        return Kernel(source(args, dtypes, body, extra=imports), args, pack)
+        return Kernel(source(args, dtypes, body, extra=dot_imports(form)), args, pack)
