@@ -281,46 +281,6 @@ def test_quantized_products_run_on_the_dot_product(op, a_shape, k, n, trans_b):
     np.testing.assert_array_equal(mod.run({"a": a})["y"], want)
 
 
-def _qexpand_depthwise(seed=0):
-    """QLinearConv 16 -> 96 (1x1), a depthwise QLinearConv 3x3 and a 1x1 96 -> 16 on 28x28 (MobileNetV2's
-    block)."""
-    rng = np.random.default_rng(seed)
-    inits, nodes, x = [], [], "x"
-    for k, (cin, cout, ks, group) in enumerate(((16, 96, 1, 1), (96, 96, 3, 96), (96, 16, 1, 1))):
-        p = f"c{k}_"
-        inits += [numpy_helper.from_array(np.array(0.02, np.float32), p + "xs"),
-                  numpy_helper.from_array(np.array(7, np.uint8), p + "xz"),
-                  numpy_helper.from_array(rng.integers(-128, 128, (cout, cin // group, ks, ks)).astype(np.int8),
-                                          p + "w"),
-                  numpy_helper.from_array(np.array(0.004, np.float32), p + "ws"),    # per tensor, as
-                  numpy_helper.from_array(np.array(0, np.int8), p + "wz"),            # expand_depthwise takes
-                  numpy_helper.from_array(np.array(0.05, np.float32), p + "ys"),
-                  numpy_helper.from_array(np.array(7, np.uint8), p + "yz"),
-                  numpy_helper.from_array(rng.integers(-2000, 2000, cout).astype(np.int32), p + "b")]
-        names = [x] + [p + s for s in ("xs", "xz", "w", "ws", "wz", "ys", "yz", "b")]
-        nodes.append(helper.make_node("QLinearConv", names, [p + "y"], pads=[ks // 2] * 4, group=group))
-        x = p + "y"
-    g = helper.make_graph(nodes, "qed", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 16, 28, 28])],
-                          [helper.make_tensor_value_info(x, TensorProto.UINT8, [1, 16, 28, 28])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-
-
-def test_a_quantized_expand_is_not_fused_with_its_depthwise_where_it_runs_on_dot_products():
-    """The expand's integer dot products, then the depthwise, beat one kernel of float32 FMAs for
-    both convs; without an integer dot product the pair stays one expand_depthwise kernel."""
-    model = _qexpand_depthwise()
-    x = np.random.default_rng(1).integers(0, 256, (1, 16, 28, 28)).astype(np.uint8)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    no_dot = replace(HOST, isa=tuple(f for f in HOST.isa if "vnni" not in f and f not in ("avx2", "avx512bw")))
-    for tg in [t for t in (HOST, INT16) if t.int16_dot_lanes] + [no_dot]:
-        dots = bool(dot_form(tg))
-        with target.use(tg):
-            mod = modelc.compile(model)
-            steps = [s["template"] for s in mod.program["steps"]]
-            assert ("conv2d_int8" in steps) == dots and ("expand_depthwise" in steps) != dots, steps
-            np.testing.assert_array_equal(mod.run({"x": x})["c2_y"], want)
-
-
 @needs_dot
 def test_a_saved_module_loads_with_the_loading_cpus_form(tmp_path):
     """A module saved where the conv ran on one dot product builds the loading CPU's (the same

@@ -48,8 +48,9 @@ MAX_RING_FLOATS = 48 << 10   # 192 KB of ring on a thread's stack per item (as w
 def split(wl: Workload) -> int | None:
     """The index of the depthwise conv in a workload [1x1 conv, its epilogue, depthwise conv, its
     epilogue], or None when `wl` is not one. The 1x1 conv's epilogue may read only its own values
-    and scalar constants (its values live in the ring, not at an output index: SiLU's x * sigmoid(x)
-    reads two), and the depthwise conv's epilogue none of them."""
+    (SiLU's x * sigmoid(x) reads two), scalar constants and constants of one value per channel (a
+    quantized conv's per-channel requantization): its values live in the ring, not at an output
+    index. The depthwise conv's epilogue reads none of them."""
     ops = wl.ops
     d = next((k for k, op in enumerate(ops) if k and op.op == "Conv"), None)
     if d is None or ops[0].op != "Conv" or any(op.op not in SUPPORTED for k, op in enumerate(ops) if k not in (0, d)):
@@ -58,11 +59,18 @@ def split(wl: Workload) -> int | None:
     def values(op):
         return [int(a[1:].split(".")[0]) for a in op.args if a.startswith("v")]
     for k in range(1, d):
-        if any(a.startswith("i") for a in ops[k].args) or not values(ops[k]):
+        if any(a.startswith("i") and not _per_channel(wl, a, d) for a in ops[k].args) or not values(ops[k]):
             return None
     if ops[d].args[0] != f"v{d - 1}" or any(v < d for op in ops[d + 1:] for v in values(op)):
         return None
     return d
+
+
+def _per_channel(wl: Workload, ref: str, d: int) -> bool:
+    """Whether input `ref` is a plain constant broadcast along the expanded tensor's channels only."""
+    t, k = wl.spec(ref), wl.spec(f"v{d - 1}").shape[1]
+    s = (1,) * (4 - len(t.shape)) + tuple(t.shape)
+    return t.const and t.layout is None and len(s) == 4 and s[0] == s[2] == s[3] == 1 and s[1] in (1, k)
 
 
 def _const_input(wl: Workload, ref: str, shape: tuple) -> bool:
@@ -107,6 +115,30 @@ def _with_row(candidates, w: int) -> list:
     rows of 10 and 19 had only tiles of 2 or 4 without waste, latency-bound (its 232 -> 1392 block
     on 10x10 ran 4.5 ms against onnxruntime's 0.49, AMD EPYC Zen 4)."""
     return sorted({t for t in candidates if t <= w} | {w, -(-w // 2)})
+
+
+def flat(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+
+
+def tile_channels(blocks: int, m: int, b: int) -> np.ndarray:
+    """Each item's channels, tile by tile: m blocks of b, the last tile ending at the last block."""
+    return np.array([min(t * m, blocks - m) * b + j for t in range(-(-blocks // m)) for j in range(m * b)])
+
+
+def ring_stores(wl: Workload, g: Geometry, owt: int, m: int, value, p: str) -> list:
+    """The first conv's epilogue on a tile of `owt` pixels x m blocks (value(q, mb): the sum of
+    pixel q, lane j of block mb), stored to the ring row at `sb`."""
+    d, b, ktw = split(wl), g.b, m * g.b
+    body = []
+    for mb in range(m):
+        body.append(f"{p}for j in range({b}):")
+        for q in range(owt):
+            lines, final = epilogue(wl, wl.ops[1:d], value(q, mb), ["n", (f"kb0 + {mb}", "j", b), "r", f"w0 + {q}"],
+                                    wl.spec(f"v{d - 1}").shape, np.float32, "v0", var=f"e{q}_", unsigned=True)
+            body += [f"{p}    {ln}" for ln in lines]
+            body += [f"{p}    ring[sb + np.uintp(w0 * {ktw} + {q * ktw + mb * b}) + np.uintp(j)] = {final}"]
+    return body
 
 
 @register
@@ -228,14 +260,67 @@ class ExpandDepthwise(Template):
         cfg = space.from_values({"tile_ow": owt, "tile_oc_blocks": m, "tile_dw": dwt, "row_groups": rg})
         return cfg if space.is_valid(cfg) else space.get(space.valid_indices(limit=1)[0])
 
+    def imports(self) -> list:
+        """Import lines the first conv's source needs."""
+        return []
+
+    def first_conv(self, wl: Workload, g: Geometry, cfg, X: str, xs: list, p: str):
+        """Source of row r's first conv, for the item's KTW channels, through its epilogue into the
+        ring (at indent `p`, inside the row loop: `sb` is the row's start); its kernel arguments,
+        their dtypes and their pack(consts). Here float32 FMAs: conv2d's register tile."""
+        OWT, m = min(cfg["tile_ow"], g.W), cfg["tile_oc_blocks"]
+        b, cb, KTW = g.b, g.cb, cfg["tile_oc_blocks"] * g.b
+        CBI, KBN = g.C // cb, g.K // b
+        KT = -(-KBN // m)
+        pw_ = wl.ops[0]
+        bias1 = len(pw_.args) > 2 and bool(pw_.args[2])
+        NT1 = -(-g.W // OWT)
+        init1 = f"bias1[np.uintp(kb0 * {b}) + np.uintp(j)]" if bias1 else "np.float32(0.0)"
+        body = [f"{p}for t in range({NT1}):",
+                f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}",
+                f"{p}    acc = stack_empty({OWT * KTW}, np.float32)",
+                f"{p}    for j in range({KTW}):",
+                *[f"{p}        acc[{q * KTW} + j] = {init1}" for q in range(OWT)],
+                f"{p}    for ci in range({CBI}):"]
+        # the first conv's window: loops only where it is wider than one (a 1x1 conv has none)
+        win, kh1, kw1 = p + "        ", "0", "0"
+        if g.KH1 > 1:
+            body.append(f"{win}for kh1 in range({g.KH1}):")
+            win, kh1 = win + "    ", "kh1"
+        if g.KW1 > 1:
+            body.append(f"{win}for kw1 in range({g.KW1}):")
+            win, kw1 = win + "    ", "kw1"
+        body += [f"{win}xb = np.uintp(xn + ci * {xs[1]} + (r * {g.s1h} + {kh1} + {g.hin - g.p1t}) * {xs[2]} "
+                 f"+ (w0 * {g.s1w} + {kw1} + {g.hin - g.p1l}) * {cb})",
+                 f"{win}wb = np.uintp(w1b + ((ci * {g.KH1} + {kh1}) * {g.KW1} + {kw1}) * {cb * KTW})",
+                 f"{win}for c in range({cb}):",
+                 *[f"{win}    x{q} = {X}[xb + np.uintp({q * g.s1w * cb} + c)]" for q in range(OWT)],
+                 f"{win}    wo = wb + np.uintp(c * {KTW})",
+                 f"{win}    for j in range({KTW}):",
+                 f"{win}        wv = w1[wo + np.uintp(j)]",
+                 *[f"{win}        acc[{q * KTW} + j] += x{q} * wv" for q in range(OWT)]]
+        body += ring_stores(wl, g, OWT, m, lambda q, mb: f"acc[{q * KTW + mb * b} + j]", p + "    ")
+        w1_arg = int(pw_.args[1][1:])
+        b1_arg = int(pw_.args[2][1:]) if bias1 else None
+
+        def pack(consts):
+            chans = tile_channels(KBN, m, b)
+            w1 = np.asarray(consts[w1_arg], np.float32)[chans].reshape(KT, KTW, CBI, cb, g.KH1, g.KW1)
+            res = {"w1": flat(w1.transpose(0, 2, 4, 5, 3, 1))}          # [tiles, C/cb, KH1, KW1, cb, m b]
+            if bias1:
+                res["bias1"] = flat(consts[b1_arg])
+            return res
+        args = ["w1"] + (["bias1"] if bias1 else [])
+        return body, args, [np.float32] * len(args), pack
+
     def build(self, wl: Workload, cfg) -> Kernel:
         d = split(wl)
         g = Geometry(wl, d)
         pw_, dw_ = wl.ops[0], wl.ops[d]
-        OWT, T2, G = min(cfg["tile_ow"], g.W), min(cfg["tile_dw"], g.OW), min(cfg["row_groups"], g.OH)
+        T2, G = min(cfg["tile_dw"], g.OW), min(cfg["row_groups"], g.OH)
         m = cfg["tile_oc_blocks"]
         b, cb, KH, KW = g.b, g.cb, g.KH, g.KW
-        KBN, CBI = g.K // b, g.C // cb
+        KBN = g.K // b
         KT, KTW = -(-KBN // m), m * b            # items' channel tiles (the last ends at block KBN); lanes
         RG = -(-g.OH // G)
         G = -(-g.OH // RG)                       # no empty group
@@ -246,7 +331,6 @@ class ExpandDepthwise(Template):
         os_ = strides(physical_shape(out.shape, out.layout))
         x_arg = int(pw_.args[0][1:])
         X = f"in{x_arg}"
-        bias1 = len(pw_.args) > 2 and bool(pw_.args[2])
         bias2 = len(dw_.args) > 2 and bool(dw_.args[2])
         zero = "np.float32(0.0)"
 
@@ -265,7 +349,7 @@ class ExpandDepthwise(Template):
                  f"    oh_b = min(oh_a + {RG}, {g.OH})",
                  f"    have = oh_a * {g.sh} - {g.pt + 1}",
                  f"    xn = n * {xs[0]}",
-                 f"    w1b = kt * {g.C * g.KH1 * g.KW1 * KTW}",
+                 f"    w1b = kt * {g.C * g.KH1 * g.KW1 * KTW}",     # the tile's first-conv weights
                  "    for oh in range(oh_a, oh_b):",
                  f"        ih0 = oh * {g.sh} - {g.pt}",
                  f"        for r in range(max(have + 1, ih0), ih0 + {ring}):",
@@ -274,42 +358,9 @@ class ExpandDepthwise(Template):
                  f"                for q in range({g.W * KTW}):",
                  f"                    ring[sb + np.uintp(q)] = {zero}",
                  "                continue"]
-        # the 1x1 conv of row r, the tile's m blocks of channels, into the ring
-        NT1 = -(-g.W // OWT)
-        init1 = f"bias1[np.uintp(kb0 * {b}) + np.uintp(j)]" if bias1 else zero
-        p = " " * 12
-        body += [f"{p}for t in range({NT1}):",
-                 f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}",
-                 f"{p}    acc = stack_empty({OWT * KTW}, np.float32)",
-                 f"{p}    for j in range({KTW}):",
-                 *[f"{p}        acc[{q * KTW} + j] = {init1}" for q in range(OWT)],
-                 f"{p}    for ci in range({CBI}):"]
-        # the first conv's window: loops only where it is wider than one (a 1x1 conv has none)
-        win, kh1, kw1 = p + "        ", "0", "0"
-        if g.KH1 > 1:
-            body.append(f"{win}for kh1 in range({g.KH1}):")
-            win, kh1 = win + "    ", "kh1"
-        if g.KW1 > 1:
-            body.append(f"{win}for kw1 in range({g.KW1}):")
-            win, kw1 = win + "    ", "kw1"
-        body += [f"{win}xb = np.uintp(xn + ci * {xs[1]} + (r * {g.s1h} + {kh1} + {g.hin - g.p1t}) * {xs[2]} "
-                 f"+ (w0 * {g.s1w} + {kw1} + {g.hin - g.p1l}) * {cb})",
-                 f"{win}wb = np.uintp(w1b + ((ci * {g.KH1} + {kh1}) * {g.KW1} + {kw1}) * {cb * KTW})",
-                 f"{win}for c in range({cb}):",
-                 *[f"{win}    x{q} = {X}[xb + np.uintp({q * g.s1w * cb} + c)]" for q in range(OWT)],
-                 f"{win}    wo = wb + np.uintp(c * {KTW})",
-                 f"{win}    for j in range({KTW}):",
-                 f"{win}        wv = w1[wo + np.uintp(j)]",
-                 *[f"{win}        acc[{q * KTW} + j] += x{q} * wv" for q in range(OWT)]]
-        ops1 = wl.ops[1:d]
-        for mb in range(m):
-            body.append(f"{p}    for j in range({b}):")
-            for q in range(OWT):
-                lines, final = epilogue(wl, ops1, f"acc[{q * KTW + mb * b} + j]",
-                                        ["n", (f"kb0 + {mb}", "j", b), "r", f"w0 + {q}"],
-                                        wl.spec(f"v{d - 1}").shape, np.float32, "v0", var=f"e{q}_", unsigned=True)
-                body += [f"{p}        {ln}" for ln in lines]
-                body += [f"{p}        ring[sb + np.uintp(w0 * {KTW} + {q * KTW + mb * b}) + np.uintp(j)] = {final}"]
+        # the first conv of row r, the tile's m blocks of channels, into the ring
+        first, args1, dtypes1, pack1 = self.first_conv(wl, g, cfg, X, xs, " " * 12)
+        body += first
         # the depthwise conv of output row oh from the ring, a lane loop per DWW channels of the tile
         # (dw_lanes); where that spans blocks narrower than a vector the sums wait on the stack and
         # the epilogue and stores run block by block (a block's lanes are contiguous in the output)
@@ -356,25 +407,17 @@ class ExpandDepthwise(Template):
                     body += [*block_base(p, f"kb0 + {gi * mg + mb}"), f"{p}for j in range({b}):",
                              *stores(p + "    ", lambda q, mb=mb: f"dws[{q * DWW + mb * b} + j]")]
 
-        extra = [k for k in epilogue_inputs(ops2) if k != x_arg]
-        args = ["out0", X, "w1"] + (["bias1"] if bias1 else []) + ["w2"] + (["bias2"] if bias2 else [])
-        args += [f"in{k}" for k in extra]
-        dtypes = [np.float32] * (len(args) - len(extra)) + [wl.inputs[k].dtype for k in extra]
-        w1_arg, w2_arg = int(pw_.args[1][1:]), int(dw_.args[1][1:])
-        b1_arg = int(pw_.args[2][1:]) if bias1 else None
+        extra = [k for k in epilogue_inputs(wl.ops[1:d] + ops2) if k != x_arg]
+        args = ["out0", X] + args1 + ["w2"] + (["bias2"] if bias2 else []) + [f"in{k}" for k in extra]
+        dtypes = [np.float32, np.float32] + dtypes1 + [np.float32] * (1 + bias2) + [wl.inputs[k].dtype for k in extra]
+        w2_arg = int(dw_.args[1][1:])
         b2_arg = int(dw_.args[2][1:]) if bias2 else None
+
         def pack(consts):
-            flat = lambda a: np.ascontiguousarray(a, dtype=np.float32).reshape(-1)  # noqa: E731
-            # each tile's channels, the last tile's ending at the last block
-            chans = np.array([min(t * m, KBN - m) * b + j for t in range(KT) for j in range(KTW)])
-            w1 = np.asarray(consts[w1_arg], np.float32)[chans].reshape(KT, KTW, CBI, cb, g.KH1, g.KW1)
-            w2 = np.asarray(consts[w2_arg], np.float32)[chans].reshape(KT, KTW, KH, KW)
-            res = {"w1": flat(w1.transpose(0, 2, 4, 5, 3, 1)),            # [tiles, C/cb, KH1, KW1, cb, m b]
-                   "w2": flat(w2.transpose(0, 2, 3, 1))}                  # [tiles, KH, KW, m b]
-            if bias1:
-                res["bias1"] = flat(consts[b1_arg])
+            w2 = np.asarray(consts[w2_arg], np.float32)[tile_channels(KBN, m, b)].reshape(KT, KTW, KH, KW)
+            res = {**pack1(consts), "w2": flat(w2.transpose(0, 2, 3, 1))}   # [tiles, KH, KW, m b]
             if bias2:
                 res["bias2"] = flat(consts[b2_arg])
             return res
         # in order unless an epilogue calls the sigmoid polynomial, as conv2d (its reasons)
-        return Kernel(source(args, dtypes, body, reassoc=calls_polynomial(body)), args, pack)
+        return Kernel(source(args, dtypes, body, reassoc=calls_polynomial(body), extra=self.imports()), args, pack)

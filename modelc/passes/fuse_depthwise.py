@@ -100,7 +100,7 @@ def _merge(graph: Graph, a: Node, b: Node, t: str) -> Node | None:
 def fuse_expand_depthwise(graph: Graph) -> Graph:
     if _DISABLED.get():
         return graph
-    tpl = get("expand_depthwise")
+    tpl, int8 = get("expand_depthwise"), get("expand_depthwise_int8")
     for a in graph.topo():
         if a.name not in graph.nx or not _is_conv(a, depthwise=False):
             continue
@@ -108,13 +108,12 @@ def fuse_expand_depthwise(graph: Graph) -> Graph:
         b = only_consumer(graph, t)
         if b is None or not _is_conv(b, depthwise=True) or not worth_fusing(graph, t):
             continue
-        if get("conv2d_int8").matches(Workload(workload_of(graph, a))):
-            # a quantized expand on integer dot products, then the depthwise, beat both in one
-            # kernel of float32 FMAs: MobileNetV2 QOperator 3.19 -> 2.95 ms with VNNI (onnxruntime
-            # 3.11), and with int16 pairs 4.40 -> 4.22 (AMD EPYC Zen 4, one process, rotating order)
-            continue
+        # a quantized expand on integer dot products, then the depthwise, beat both in one kernel
+        # of float32 FMAs (MobileNetV2 QOperator 3.19 -> 2.95 ms with VNNI, 4.40 -> 4.22 with int16
+        # pairs; AMD EPYC Zen 4): such a pair is fused only where its expand stays on dot products
+        want = int8 if get("conv2d_int8").matches(Workload(workload_of(graph, a))) else tpl
         fused = _merge(graph, a, b, t)
-        if fused is None or not tpl.matches(Workload(workload_of(graph, fused))):
+        if fused is None or not want.matches(Workload(workload_of(graph, fused))):
             continue
         order = graph.nx.nodes[a.name]["order"]
         graph.remove_node(b.name, drop_outputs=False)
