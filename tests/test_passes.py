@@ -364,6 +364,39 @@ def test_an_elementwise_diamond_closes_into_one_group():
     assert len(fused) == 1 and fused[0].outputs == ["out"]
 
 
+def _conv_diamond(extra_reader=False):
+    """Conv -> y; y * tanh(softplus(y)) with a Neg between (a near-Mish no pattern names); with
+    `extra_reader`, y is a graph output too."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+             helper.make_node("Softplus", ["y"], ["sp"]),
+             helper.make_node("Neg", ["sp"], ["ng"]),
+             helper.make_node("Tanh", ["ng"], ["t"]),
+             helper.make_node("Mul", ["y", "t"], ["out"])]
+    outputs = [_vi("out", [1, 16, 8, 8])] + ([_vi("y", [1, 16, 8, 8])] if extra_reader else [])
+    return _fused(nodes, [_vi("x", [1, 8, 8, 8])], outputs,
+                  [_const("w", rng.standard_normal((16, 8, 3, 3)).astype(np.float32)),
+                   _const("b", rng.standard_normal(16).astype(np.float32))])
+
+
+def test_a_diamond_after_a_conv_becomes_its_epilogue():
+    """A conv's value read twice (x * f(x)) ends its chain of epilogue ops; the elementwise group that
+    reads it (and nothing else does) joins the conv's group: one kernel, no pass over x of its own."""
+    g, fused = _conv_diamond()
+    assert len(fused) == 1 and fused[0].outputs == ["out"]
+    assert sorted(fused[0].subgraph.op_counts()) == ["Conv", "Mul", "Neg", "Softplus", "Tanh"]
+    mod = modelc.compile(g)
+    steps = [s["pattern"] for s in mod.program["steps"]]
+    assert not mod.fallbacks and "conv2d_bias_softplus_neg_tanh_mul" in steps, steps
+    feeds = _feeds(g)
+    _assert_close(mod.run(feeds), reference.run(g, feeds))
+
+
+def test_a_conv_value_also_returned_keeps_its_own_group():
+    g, fused = _conv_diamond(extra_reader=True)
+    assert len(fused) == 2
+
+
 def test_a_value_also_read_elsewhere_stays_an_output_of_the_merged_group():
     """An LSTM cell: the new cell state is both the next step's input (a graph output here) and
     read by the hidden state's ops; one group computes both, storing both from one loop."""

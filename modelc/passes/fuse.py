@@ -33,6 +33,13 @@ def _kind(node: Node) -> Kind:
     return ops.get(node.op_type).kind
 
 
+def _anchors_epilogue(node: Node) -> bool:
+    """Ops whose kernels run elementwise ops after them on their output (conv, dense ...; a layer
+    norm's or LRN's epilogue: an instance norm's per-channel scale and bias lowered onto a layer
+    norm (passes/norms.py), an activation or residual add)."""
+    return _kind(node) == Kind.OUT_ELEMWISE_FUSABLE or node.op_type in ("LayerNormalization", "LRN")
+
+
 def _grow(graph: Graph, group: list, allow, done: set) -> list:
     """Extend `group` along its last node's single consumer while `allow(node, state)` holds."""
     state = {"reduced": _kind(group[0]) == Kind.REDUCTION}
@@ -149,6 +156,39 @@ def _joins(graph: Graph, dag, rank: dict, groups: list, a: int, b: int) -> bool:
     return all(rank[c] > rank[b] or not nx.has_path(dag, c, b) for c in dag.successors(a) if c != b)
 
 
+def _external(graph: Graph, group: list, owner: dict, k: int) -> list:
+    """The group's values read outside it or returned by the graph."""
+    return [o for n in group for o in n.outputs if o and (o in graph.outputs or any(
+        owner[c.name] != k for c in graph.consumers(o)))]
+
+
+def _absorb_diamonds(graph: Graph, groups: list) -> list:
+    """A conv's (dense's ...) group whose one value leaving it is read only by one group of epilogue
+    ops on its shape and dtype takes that group as the rest of its epilogue. A value read twice ends
+    _grow's single-reader chains: a quantized model's SiLU (x * dequantize(quantize(sigmoid(x))),
+    which patterns.py cannot name) ran as a pass of its own over EfficientNet's expanded tensors.
+    No cycle can form: nothing but that group reads the anchor's group."""
+    owner = {n.name: k for k, g in enumerate(groups) for n in g}
+    pos = {n.name: i for i, n in enumerate(graph.topo())}
+    for a, ga in enumerate(groups):
+        head = ga[0] if ga else None
+        if head is None or not _anchors_epilogue(head):
+            continue
+        out = _external(graph, ga, owner, a)
+        if len(out) != 1 or out[0] in graph.outputs or len({owner[c.name] for c in graph.consumers(out[0])}) != 1:
+            continue
+        b = owner[graph.consumers(out[0])[0].name]
+        gb = groups[b]
+        t = graph.tensors[head.outputs[0]]
+        allow = _anchor_allow(graph, t.shape, t.dtype)
+        if b == a or not all(allow(n, {}) and len([o for o in n.outputs if o]) == 1 for n in gb) or \
+                len(_external(graph, gb, owner, b)) != 1 or len(ga) + len(gb) > MAX_MERGED:
+            continue
+        groups[a], groups[b] = sorted(ga + gb, key=lambda n: pos[n.name]), []
+        owner.update({n.name: a for n in gb})
+    return [g for g in groups if g]
+
+
 def _is_param(graph: Graph, node: Node, index: int, name: str) -> bool:
     """Constants a kernel is generated for (shapes, axes, scalars) rather than reads as data."""
     t = graph.tensors[name]
@@ -217,10 +257,7 @@ def fuse(graph: Graph) -> Graph:
         if node.name in done or node.subgraph is not None:
             continue
         k = _kind(node)
-        if (k == Kind.OUT_ELEMWISE_FUSABLE or node.op_type in ("LayerNormalization", "LRN")) and \
-                len([o for o in node.outputs if o]) == 1:
-            # a layer norm's or LRN's epilogue: the per-channel scale and bias of an instance
-            # norm lowered onto a layer norm (passes/norms.py), an activation or residual add
+        if _anchors_epilogue(node) and len([o for o in node.outputs if o]) == 1:
             t = graph.tensors[node.outputs[0]]
             group = _grow(graph, [node], _anchor_allow(graph, t.shape, t.dtype), done)
         elif k <= Kind.REDUCTION:
@@ -230,7 +267,7 @@ def fuse(graph: Graph) -> Graph:
             group = [node]
         done.update(n.name for n in group)
         groups.append(group)
-    for index, group in enumerate(_close_diamonds(graph, groups)):
+    for index, group in enumerate(_absorb_diamonds(graph, _close_diamonds(graph, groups))):
         order = graph.nx.nodes[group[0].name]["order"]
         fused = _make_fused(graph, group, index)
         for n in group:
