@@ -28,7 +28,8 @@ NO_DOT = replace(HOST, isa=tuple(f for f in HOST.isa if "vnni" not in f and f no
 def _form(name):
     if name == "vnni" and not HOST.int8_dot_lanes or not HOST.int16_dot_lanes:
         pytest.skip(f"this CPU has no {name} dot product")
-    return HOST if name == "vnni" else INT16
+    # int16_256: AVX2's 256-bit int16 pairs (blocks of 8 channels), which any AVX2 host runs
+    return {"vnni": HOST, "int16": INT16, "int16_256": replace(INT16, vector_bits=256)}[name]
 
 
 def _scalar(v):
@@ -122,7 +123,7 @@ CASES = [(dict(c=16, k=96, h=14), -9), (dict(c=24, k=144, h=9, w=11, s=2, per_ch
 
 
 @pytest.mark.parametrize("case, x_min, form", [(c, x, "vnni") for c, x in CASES] +
-                         [(c, x, "int16") for c, x in CASES[:2]],
+                         [(c, x, "int16") for c, x in CASES[:2]] + [(CASES[2][0], -128, "int16_256")],
                          ids=lambda c: f"c{c['c']}k{c['k']}h{c['h']}" if isinstance(c, dict) else str(c))
 def test_knob_extremes_are_exact(case, x_min, form):
     with target.use(_form(form)):

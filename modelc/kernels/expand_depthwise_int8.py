@@ -49,8 +49,8 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         return get("conv2d_int8").preferred(wl)
 
     def space(self, wl: Workload) -> ConfigSpace:
-        """expand_depthwise's, with whole int32 vectors of channels per item and a tile of pixels
-        whose converted row fits MAX_PATCH."""
+        """expand_depthwise's, with whole int32 vectors of channels per item, where a converted row
+        fits MAX_PATCH."""
         sp = super().space(wl)
         g = Geometry(wl, split(wl))
         tg = target.current()
@@ -61,13 +61,13 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         def valid(cfg):
             ktw = cfg["tile_oc_blocks"] * g.b
             vec = ktw // form.lanes
-            return ktw % form.lanes == 0 and float_valid(cfg) and cfg["tile_ow"] * cp <= MAX_PATCH and \
+            return ktw % form.lanes == 0 and float_valid(cfg) and g.W * cp <= MAX_PATCH and \
                 cfg["tile_ow"] * vec + vec <= tg.vector_registers - 2
         sp.constraint = valid
         return sp
 
     def first_conv(self, wl: Workload, g: Geometry, cfg, X: str, xs: list, p: str):
-        """Row r's 1x1 conv on dot products: each tile's pixels converted once, for all its channels."""
+        """Row r's 1x1 conv on dot products: the row converted once, for all the item's channels."""
         form = dot_form(target.current())
         lo = x_min(wl) if form.shifted else 0
         V, PER, XT = form.lanes, form.per, form.x_dtype
@@ -79,25 +79,27 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         CQ = CP // PER
         pw_ = wl.ops[0]
         bias1 = len(pw_.args) > 2 and bool(pw_.args[2])
-        body = [f"{p}buf = stack_empty({OWT * CP}, np.{XT})",
+        # the row converted whole, once, before its tiles read it (a shifted last tile reads pixels
+        # the tile before it converted)
+        body = [f"{p}buf = stack_empty({g.W * CP}, np.{XT})",
                 f"{p}acc = stack_empty({OWT * KTW}, np.int32)"]
         if CP > g.C:                    # channels past C meet zero weights: any value, but a defined one
-            body += [f"{p}for j in range({g.C}, {OWT * CP}):",
-                     f"{p}    buf[np.uintp(j)] = np.{XT}(0)"]
-        body += [f"{p}for t in range({-(-g.W // OWT)}):",
-                 f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}",
-                 f"{p}    for q in range({OWT}):",
-                 f"{p}        for ci in range({CBI}):",
-                 f"{p}            xo = np.uintp(xn + ci * {xs[1]} + (r * {g.s1h} + {g.hin - g.p1t}) * {xs[2]} "
-                 f"+ ((w0 + q) * {g.s1w} + {g.hin - g.p1l}) * {cb})",
-                 f"{p}            bo = np.uintp(q * {CP} + ci * {cb})",
-                 f"{p}            for j in range({cb}):",
-                 f"{p}                buf[bo + np.uintp(j)] = np.{XT}(np.int32({X}[xo + np.uintp(j)]) "
-                 f"- np.int32({lo}))"]
+            body += [f"{p}for c0 in range({g.W}):",
+                     f"{p}    for j in range({g.C}, {CP}):",
+                     f"{p}        buf[np.uintp(c0 * {CP} + j)] = np.{XT}(0)"]
+        body += [f"{p}for c0 in range({g.W}):",
+                 f"{p}    for ci in range({CBI}):",
+                 f"{p}        xo = np.uintp(xn + ci * {xs[1]} + (r * {g.s1h} + {g.hin - g.p1t}) * {xs[2]} "
+                 f"+ (c0 * {g.s1w} + {g.hin - g.p1l}) * {cb})",
+                 f"{p}        bo = np.uintp(c0 * {CP} + ci * {cb})",
+                 f"{p}        for j in range({cb}):",
+                 f"{p}            buf[bo + np.uintp(j)] = np.{XT}(np.int32({X}[xo + np.uintp(j)]) - np.int32({lo}))",
+                 f"{p}for t in range({-(-g.W // OWT)}):",
+                 f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}"]
         zero, dots, store = dot_tile(form, OWT, KTW // V, lambda q: f"np.uintp({q * CP}) + co", KTW,
                                      p + "    ", p + "        ")
         body += zero + [f"{p}    for cq in range({CQ}):",
-                        f"{p}        co = np.uintp(cq * {PER})",
+                        f"{p}        co = np.uintp(w0 * {CP} + cq * {PER})",
                         f"{p}        wo = np.uintp(kt * {CQ * KTW * PER} + cq * {KTW * PER})"] + dots + store
         # j runs over block mb's lanes: channel (kb0 + mb) b + j, as the ring's
         k = "np.uintp((kb0 + {mb}) * " + str(b) + ") + np.uintp(j)"
