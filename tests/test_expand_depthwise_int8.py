@@ -37,19 +37,21 @@ def _scalar(v):
 
 
 def qed_wl(c, k, h, w=None, kh=3, s=1, x_min=-128, per_channel=False, n=1, hin=0, hout=0, bias=True,
-           res=False):
+           res=False, k1=1, s1=1):
     """The workload of a quantized MobileNet block's pair as the importer writes it: Conv 1x1 (exact,
     x_min) + bias, requantized (Mul by one scale or one per channel, Round, Add the zero point, Clip
     to uint8, Sub the zero point), a depthwise Conv kh x kh + bias requantized the same way [+ a
     float residual], in the blocked layout."""
     w = w or h
+    p1, x_h, x_w = k1 // 2, h, w
+    h, w = (x_h + 2 * p1 - k1) // s1 + 1, (x_w + 2 * p1 - k1) // s1 + 1       # the expanded tensor
     pad = (kh - 1) // 2
     oh, ow = (h + 2 * pad - kh) // s + 1, (w + 2 * pad - kh) // s + 1
     cb, b = choose_block(c), choose_block(k)
-    inputs = [{"shape": [n, c, h, w], "dtype": "float32", "const": False, "layout": [cb, hin]},
-              {"shape": [k, c, 1, 1], "dtype": "float32", "const": True}]
-    conv = {"op": "Conv", "attrs": {"dilations": [1, 1], "kernel_shape": [1, 1], "pads": [0] * 4, "strides": [1, 1],
-                                    "exact": 1, "x_min": x_min}, "args": ["i0", "i1"]}
+    inputs = [{"shape": [n, c, x_h, x_w], "dtype": "float32", "const": False, "layout": [cb, max(hin, p1)]},
+              {"shape": [k, c, k1, k1], "dtype": "float32", "const": True}]
+    conv = {"op": "Conv", "attrs": {"dilations": [1, 1], "kernel_shape": [k1, k1], "pads": [p1] * 4,
+                                    "strides": [s1, s1], "exact": 1, "x_min": x_min}, "args": ["i0", "i1"]}
     if bias:
         inputs.append({"shape": [k], "dtype": "float32", "const": True})
         conv["args"].append("i2")
@@ -119,12 +121,15 @@ def _extremes(space, default):
 
 CASES = [(dict(c=16, k=96, h=14), -9), (dict(c=24, k=144, h=9, w=11, s=2, per_channel=True, hout=1), 0),
          (dict(c=40, k=48, h=7, kh=5, per_channel=True, res=True, n=2, bias=False), -255),
-         (dict(c=3, k=32, h=8, hin=1), -128)]
+         (dict(c=3, k=32, h=8, hin=1), -128),
+         # a stem: 3x3 stride 2 over an image's channels (a patch of 3 rows, the halo its padding)
+         (dict(c=3, k=32, h=23, w=20, k1=3, s1=2, per_channel=True), -128), (dict(c=4, k=48, h=9, k1=3, s=2), 0)]
 
 
 @pytest.mark.parametrize("case, x_min, form", [(c, x, "vnni") for c, x in CASES] +
-                         [(c, x, "int16") for c, x in CASES[:2]] + [(CASES[2][0], -128, "int16_256")],
-                         ids=lambda c: f"c{c['c']}k{c['k']}h{c['h']}" if isinstance(c, dict) else str(c))
+                         [(c, x, "int16") for c, x in CASES[:2] + CASES[4:5]] + [(CASES[2][0], -128, "int16_256")],
+                         ids=lambda c: f"c{c['c']}k{c['k']}h{c['h']}k{c.get('k1', 1)}" if isinstance(c, dict)
+                         else str(c))
 def test_knob_extremes_are_exact(case, x_min, form):
     with target.use(_form(form)):
         wl = qed_wl(x_min=x_min, **case)

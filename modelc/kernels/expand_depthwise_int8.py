@@ -1,4 +1,5 @@
-"""A quantized 1x1 conv on integer dot products fused with the depthwise conv that reads it.
+"""A quantized 1x1 conv (or a stem's 3x3 over an image's channels) on integer dot products fused
+with the depthwise conv that reads it.
 
 Quantized MobileNets and EfficientNets expand channels with a 1x1 QLinearConv and filter them with
 a depthwise one. Unfused, the expand conv runs on dot products (conv2d_int8) and writes the
@@ -41,7 +42,7 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         if not pw_.attr("exact", 0) or x_min(wl) is None:
             return False
         g = Geometry(wl, split(wl))
-        if (g.KH1, g.KW1) != (1, 1) or g.C > MAX_TAPS or g.K < form.lanes:
+        if g.C * g.KH1 * g.KW1 > MAX_TAPS or g.K < form.lanes:
             return False
         return bool(self.space(wl).valid_indices(limit=1))
 
@@ -56,18 +57,19 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         tg = target.current()
         form = dot_form(tg)
         float_valid = sp.constraint
-        cp = pixel_bytes(g.C, form)
+        patch = g.KH1 * ((g.W - 1) * g.s1w + g.KW1) * pixel_bytes(g.C, form)    # the rows a row reads
 
         def valid(cfg):
             ktw = cfg["tile_oc_blocks"] * g.b
             vec = ktw // form.lanes
-            return ktw % form.lanes == 0 and float_valid(cfg) and g.W * cp <= MAX_PATCH and \
+            return ktw % form.lanes == 0 and float_valid(cfg) and patch <= MAX_PATCH and \
                 cfg["tile_ow"] * vec + vec <= tg.vector_registers - 2
         sp.constraint = valid
         return sp
 
     def first_conv(self, wl: Workload, g: Geometry, cfg, X: str, xs: list, p: str):
-        """Row r's 1x1 conv on dot products: the row converted once, for all the item's channels."""
+        """Row r's first conv (a 1x1, or a stem's 3x3 over an image's channels) on dot products: its
+        input rows converted once, for all the item's channels."""
         form = dot_form(target.current())
         lo = x_min(wl) if form.shifted else 0
         V, PER, XT = form.lanes, form.per, form.x_dtype
@@ -79,28 +81,35 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         CQ = CP // PER
         pw_ = wl.ops[0]
         bias1 = len(pw_.args) > 2 and bool(pw_.args[2])
-        # the row converted whole, once, before its tiles read it (a shifted last tile reads pixels
-        # the tile before it converted)
-        body = [f"{p}buf = stack_empty({g.W * CP}, np.{XT})",
+        # the rows a row of the first conv reads (one for a 1x1), converted whole, once, before its
+        # tiles read them (a shifted last tile reads pixels the tile before it converted)
+        cols = (g.W - 1) * g.s1w + g.KW1
+        body = [f"{p}buf = stack_empty({g.KH1 * cols * CP}, np.{XT})",
                 f"{p}acc = stack_empty({OWT * KTW}, np.int32)"]
         if CP > g.C:                    # channels past C meet zero weights: any value, but a defined one
-            body += [f"{p}for c0 in range({g.W}):",
+            body += [f"{p}for c0 in range({g.KH1 * cols}):",
                      f"{p}    for j in range({g.C}, {CP}):",
                      f"{p}        buf[np.uintp(c0 * {CP} + j)] = np.{XT}(0)"]
-        body += [f"{p}for c0 in range({g.W}):",
-                 f"{p}    for ci in range({CBI}):",
-                 f"{p}        xo = np.uintp(xn + ci * {xs[1]} + (r * {g.s1h} + {g.hin - g.p1t}) * {xs[2]} "
-                 f"+ (c0 * {g.s1w} + {g.hin - g.p1l}) * {cb})",
-                 f"{p}        bo = np.uintp(c0 * {CP} + ci * {cb})",
-                 f"{p}        for j in range({cb}):",
-                 f"{p}            buf[bo + np.uintp(j)] = np.{XT}(np.int32({X}[xo + np.uintp(j)]) - np.int32({lo}))",
+        body += [f"{p}for kh1 in range({g.KH1}):",
+                 f"{p}    for c0 in range({cols}):",
+                 f"{p}        for ci in range({CBI}):",
+                 f"{p}            xo = np.uintp(xn + ci * {xs[1]} + (r * {g.s1h} + kh1 + {g.hin - g.p1t}) * {xs[2]} "
+                 f"+ (c0 + {g.hin - g.p1l}) * {cb})",
+                 f"{p}            bo = np.uintp((kh1 * {cols} + c0) * {CP} + ci * {cb})",
+                 f"{p}            for j in range({cb}):",
+                 f"{p}                buf[bo + np.uintp(j)] = "
+                 f"np.{XT}(np.int32({X}[xo + np.uintp(j)]) - np.int32({lo}))",
                  f"{p}for t in range({-(-g.W // OWT)}):",
                  f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}"]
-        zero, dots, store = dot_tile(form, OWT, KTW // V, lambda q: f"np.uintp({q * CP}) + co", KTW,
-                                     p + "    ", p + "        ")
-        body += zero + [f"{p}    for cq in range({CQ}):",
-                        f"{p}        co = np.uintp(w0 * {CP} + cq * {PER})",
-                        f"{p}        wo = np.uintp(kt * {CQ * KTW * PER} + cq * {KTW * PER})"] + dots + store
+        zero, dots, store = dot_tile(form, OWT, KTW // V, lambda q: f"np.uintp({q * g.s1w * CP}) + co", KTW,
+                                     p + "    ", p + "            ")
+        taps = g.KH1 * g.KW1 * CQ
+        body += zero + [f"{p}    for tap in range({g.KH1 * g.KW1}):",
+                        f"{p}        kh1 = tap // {g.KW1}",
+                        f"{p}        kw1 = tap % {g.KW1}",
+                        f"{p}        for cq in range({CQ}):",
+                        f"{p}            co = np.uintp((kh1 * {cols} + w0 * {g.s1w} + kw1) * {CP} + cq * {PER})",
+                        f"{p}            wo = np.uintp((kt * {taps} + tap * {CQ} + cq) * {KTW * PER})"] + dots + store
         # j runs over block mb's lanes: channel (kb0 + mb) b + j, as the ring's
         k = "np.uintp((kb0 + {mb}) * " + str(b) + ") + np.uintp(j)"
 
@@ -113,12 +122,13 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         b1_arg = int(pw_.args[2][1:]) if bias1 else None
 
         def pack(consts):
-            w = int8_weights(consts[w1_arg], self.name)[:, :, 0, 0]               # [K, C]
-            wi = np.zeros((g.K, CP), form.w_dtype)
+            w = int8_weights(consts[w1_arg], self.name)                           # [K, C, KH1, KW1]
+            wi = np.zeros((g.K, CP, g.KH1, g.KW1), form.w_dtype)
             wi[:, :g.C] = w
-            packed = wi[tile_channels(KBN, m, b)].reshape(KT, KTW, CQ, PER).transpose(0, 2, 1, 3)
+            packed = wi[tile_channels(KBN, m, b)].reshape(KT, KTW, CQ, PER, g.KH1, g.KW1)
+            packed = packed.transpose(0, 4, 5, 2, 1, 3)                            # [KT, KH1, KW1, CQ, KTW, PER]
             res = {"w": np.ascontiguousarray(packed).reshape(-1),
-                   "corr": (lo * w.astype(np.int64).sum(axis=1)).astype(np.int32)}
+                   "corr": (lo * w.astype(np.int64).sum(axis=(1, 2, 3))).astype(np.int32)}
             if bias1:
                 res["bias1"] = np.ascontiguousarray(np.asarray(consts[b1_arg], np.float32).reshape(-1))
             return res
