@@ -172,10 +172,11 @@ def _absorb_diamonds(graph: Graph, groups: list) -> list:
     pos = {n.name: i for i, n in enumerate(graph.topo())}
     for a, ga in enumerate(groups):
         head = ga[0] if ga else None
-        if head is None or not _anchors_epilogue(head):
+        if head is None or not _anchors_epilogue(head) or len([o for o in head.outputs if o]) != 1:
             continue
         out = _external(graph, ga, owner, a)
-        if len(out) != 1 or out[0] in graph.outputs or len({owner[c.name] for c in graph.consumers(out[0])}) != 1:
+        if len(out) != 1 or out[0] in graph.outputs or \
+                len({owner[c.name] for c in graph.consumers(out[0])}) != 1:
             continue
         b = owner[graph.consumers(out[0])[0].name]
         gb = groups[b]
