@@ -208,3 +208,21 @@ def test_a_quantized_block_is_fused_on_dot_products(per_channel):
         fused = "expand_depthwise_int8" if dots else "expand_depthwise"
         assert fused in steps and ("conv2d_int8" in steps) == dots, steps
         np.testing.assert_array_equal(mod.run({"x": x})["c2_y"], want)
+
+
+def test_a_saved_module_loads_with_the_loading_cpus_form(tmp_path):
+    """Saved with one dot product, the fused kernel builds the loading CPU's (the same bytes) and is
+    refused, naming the step, where that CPU has none (its kernel would abort the process)."""
+    if not HOST.int16_dot_lanes:
+        pytest.skip("this CPU has no integer dot product")
+    mod = modelc.compile(_qblock(True))
+    step = next(k for k, s in enumerate(mod.program["steps"]) if s["template"] == "expand_depthwise_int8")
+    path = str(tmp_path / "q.modelc")
+    mod.save(path)
+    x = np.random.default_rng(1).integers(0, 256, (1, 16, 28, 28)).astype(np.uint8)
+    want = mod.run({"x": x})["c2_y"]
+    with target.use(INT16):
+        np.testing.assert_array_equal(modelc.load(path).run({"x": x})["c2_y"], want)
+    refused = rf"steps\[{step}\]\.template.*expand_depthwise_int8"
+    with target.use(NO_DOT), pytest.raises(modelc.ModelcError, match=refused):
+        modelc.load(path)
