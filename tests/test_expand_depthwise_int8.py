@@ -120,7 +120,7 @@ def _extremes(space, default):
 
 
 CASES = [(dict(c=16, k=96, h=14), -9), (dict(c=24, k=144, h=9, w=11, s=2, per_channel=True, hout=1), 0),
-         (dict(c=40, k=48, h=7, kh=5, per_channel=True, res=True, n=2, bias=False), -255),
+         (dict(c=40, k=96, h=7, kh=5, per_channel=True, res=True, n=2, bias=False), -255),
          (dict(c=3, k=32, h=8, hin=1), -128),
          # a stem: 3x3 stride 2 over an image's channels (a patch of 3 rows, the halo its padding)
          (dict(c=3, k=32, h=23, w=20, k1=3, s1=2, per_channel=True), -128), (dict(c=4, k=48, h=9, k1=3, s=2), 0)]
@@ -147,8 +147,8 @@ def test_knob_extremes_are_exact(case, x_min, form):
 
 
 def test_what_it_takes():
-    """Integer dot products on the CPU, the importer's note on the first conv, a 1x1 first conv;
-    channel constants in its epilogue are the float template's too."""
+    """Integer dot products on the CPU, the importer's note on the first conv, an expansion (at least
+    twice the channels); channel constants in its epilogue are the float template's too."""
     if not HOST.int16_dot_lanes:
         pytest.skip("this CPU has no integer dot product")
     wl = qed_wl(16, 32, 8, per_channel=True)
@@ -156,6 +156,9 @@ def test_what_it_takes():
         assert ED8.matches(wl) and get("expand_depthwise").matches(wl)
     with target.use(NO_DOT):
         assert not ED8.matches(wl) and get("expand_depthwise").matches(wl)
+    with target.use(HOST):                  # no expansion (ShuffleNetV2's branches): apart, as measured
+        flat = qed_wl(32, 32, 8)
+        assert not ED8.matches(flat) and get("expand_depthwise").matches(flat)
     for attrs in ({"x_min": 3}, {"x_min": None}, {"exact": 0}):
         j = copy.deepcopy(wl.json)
         j["ops"][0]["attrs"].update(attrs)

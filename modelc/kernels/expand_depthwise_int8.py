@@ -44,6 +44,13 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         g = Geometry(wl, split(wl))
         if g.C * g.KH1 * g.KW1 > MAX_TAPS or g.K < form.lanes:
             return False
+        # an expand: each item converts the input rows for its own channel tile, so with as many
+        # output channels as input ones (ShuffleNetV2's branches) the conversions outweigh the dot
+        # products, and the pairs ran slower fused than apart (quantized ShuffleNetV2 x1.0: 1.10-1.17x
+        # the unfused module; MobileNetV2's and EfficientNet's expansions by 6: 0.86-0.90x; AMD EPYC
+        # Zen 4). Blocks narrower than half a vector run the epilogues 4 lanes wide: apart too.
+        if g.K < 2 * g.C or 2 * g.b < form.lanes:
+            return False
         return bool(self.space(wl).valid_indices(limit=1))
 
     def preferred(self, wl: Workload) -> bool:
