@@ -397,6 +397,34 @@ def test_a_conv_value_also_returned_keeps_its_own_group():
     assert len(fused) == 2
 
 
+@pytest.mark.parametrize("conv_first", [True, False])
+def test_elementwise_ops_on_a_residual_run_in_the_conv_epilogue_that_reads_them(conv_first):
+    """A residual dequantized on its way to the add (r * scale + shift, read only by the conv's
+    epilogue) joins the conv's group after the conv, whichever group fusion grew first (the conv's,
+    leaving r's ops a group of their own; or r's, reaching the add): one kernel, the conv its anchor,
+    no pass over r of its own; not where r's result is also returned."""
+    rng = np.random.default_rng(0)
+    inits = [_const("w", rng.standard_normal((16, 8, 3, 3)).astype(np.float32)),
+             _const("s", np.float32(0.5)), _const("t", np.float32(-3.0))]
+    nodes = [helper.make_node("Mul", ["r", "s"], ["rs"]),
+             helper.make_node("Add", ["rs", "t"], ["rd"]),
+             helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["y", "rd"], ["out"]),
+             helper.make_node("Relu", ["out"], ["z"])]
+    if conv_first:
+        nodes = nodes[2:3] + nodes[:2] + nodes[3:]
+    inputs = [_vi("x", [1, 8, 8, 8]), _vi("r", [1, 16, 8, 8])]
+    g, fused = _fused(nodes, inputs, [_vi("z", [1, 16, 8, 8])], inits)
+    assert len(fused) == 1 and sorted(fused[0].subgraph.op_counts()) == ["Add", "Conv", "Mul", "Relu"]
+    mod = modelc.compile(g)
+    steps = [(s["pattern"], s["template"]) for s in mod.program["steps"]]
+    assert not mod.fallbacks and ("conv2d_mul_add_add_relu", "conv2d") in steps, steps
+    feeds = _feeds(g)
+    _assert_close(mod.run(feeds), reference.run(g, feeds))
+    _, fused = _fused(nodes, inputs, [_vi("z", [1, 16, 8, 8]), _vi("rd", [1, 16, 8, 8])], inits)
+    assert len(fused) == 2
+
+
 def test_a_value_also_read_elsewhere_stays_an_output_of_the_merged_group():
     """An LSTM cell: the new cell state is both the next step's input (a graph output here) and
     read by the hidden state's ops; one group computes both, storing both from one loop."""

@@ -185,8 +185,43 @@ def _absorb_diamonds(graph: Graph, groups: list) -> list:
         if b == a or not all(allow(n, {}) and len([o for o in n.outputs if o]) == 1 for n in gb) or \
                 len(_external(graph, gb, owner, b)) != 1 or len(ga) + len(gb) > MAX_MERGED:
             continue
-        groups[a], groups[b] = sorted(ga + gb, key=lambda n: pos[n.name]), []
+        # the anchor first (it is the workload's anchor): a reader group may begin with ops that
+        # precede it (r * s + t before conv + that), which kernels run inside the epilogue
+        groups[a], groups[b] = [head] + sorted(ga[1:] + gb, key=lambda n: pos[n.name]), []
         owner.update({n.name: a for n in gb})
+    return [g for g in groups if g]
+
+
+def _absorb_side_inputs(graph: Graph, groups: list) -> list:
+    """An elementwise group whose one value is read only by a conv's (dense's ...) epilogue, at the
+    anchor's shape, runs inside that epilogue, after the anchor (it neither reads the anchor's group
+    nor is read by the anchor): a quantized residual's dequantized shortcut ((x - zp) * scale, which
+    QLinearAdd reads) was a pass of its own over every ResNet-50 bottleneck's shortcut."""
+    owner = {n.name: k for k, g in enumerate(groups) for n in g}
+    pos = {n.name: i for i, n in enumerate(graph.topo())}
+    for p, gp in enumerate(groups):
+        if not gp or not _injective_only(gp):
+            continue
+        out = _external(graph, gp, owner, p)
+        if len(out) != 1 or out[0] in graph.outputs:
+            continue
+        readers = graph.consumers(out[0])
+        a = owner[readers[0].name]
+        ga = groups[a]
+        head = ga[0] if ga else None
+        if head is None or a == p or any(owner[c.name] != a or c is head for c in readers) or \
+                not _anchors_epilogue(head) or len([o for o in head.outputs if o]) != 1:
+            continue
+        t = graph.tensors[head.outputs[0]]
+        allow = _anchor_allow(graph, t.shape, t.dtype)
+        inside_a = {n.name for n in ga}
+        if not all(allow(n, {}) and len([o for o in n.outputs if o]) == 1 for n in gp) or \
+                len(ga) + len(gp) > MAX_MERGED or any(
+                    graph.producer(i) is not None and graph.producer(i).name in inside_a
+                    for n in gp for i in n.inputs if i):
+            continue
+        groups[a], groups[p] = [head] + sorted(gp + ga[1:], key=lambda n: pos[n.name]), []
+        owner.update({n.name: a for n in gp})
     return [g for g in groups if g]
 
 
@@ -268,7 +303,8 @@ def fuse(graph: Graph) -> Graph:
             group = [node]
         done.update(n.name for n in group)
         groups.append(group)
-    for index, group in enumerate(_absorb_diamonds(graph, _close_diamonds(graph, groups))):
+    groups = _absorb_side_inputs(graph, _absorb_diamonds(graph, _close_diamonds(graph, groups)))
+    for index, group in enumerate(groups):
         order = graph.nx.nodes[group[0].name]["order"]
         fused = _make_fused(graph, group, index)
         for n in group:
