@@ -70,6 +70,27 @@ def pixel_bytes(channels: int, form) -> int:
     return -(-channels // form.per) * form.per * np.dtype(form.x_dtype).itemsize
 
 
+def convert_patch(form, X: str, lo: int, rows: int, cols: int, blocks: int, cb: int, channels: int,
+                  x_at: str, ind: str, names=("cb", "r", "cc")) -> list:
+    """Source converting a patch of rows x cols pixels of `X` (blocks of cb channels) into `buf`,
+    channels innermost, as x - lo in `form`'s type: buf[(r cols + c) CP + b cb + j]. `x_at` is the
+    offset in X of block b's first channel at patch pixel (r, c), in the loop variables `names`."""
+    b, r, c = names
+    CP, XT = -(-channels // form.per) * form.per, form.x_dtype
+    body = [f"{ind}for {b} in range({blocks}):",
+            f"{ind}    for {r} in range({rows}):",
+            f"{ind}        for {c} in range({cols}):",
+            f"{ind}            xo = np.uintp({x_at})",
+            f"{ind}            bo = np.uintp(({r} * {cols} + {c}) * {CP} + {b} * {cb})",
+            f"{ind}            for j in range({cb}):",
+            f"{ind}                buf[bo + np.uintp(j)] = np.{XT}(np.int32({X}[xo + np.uintp(j)]) - np.int32({lo}))"]
+    if CP > channels:               # channels past C meet zero weights: any value, but a defined one
+        body += [f"{ind}for q in range({rows * cols}):",
+                 f"{ind}    for j in range({channels}, {CP}):",
+                 f"{ind}        buf[np.uintp(q * {CP} + j)] = np.{XT}(0)"]
+    return body
+
+
 def dot_imports(form) -> list:
     return [f"from modelc.kernels.int_dot import dot_store, {form.call}, dot_zero"]
 
@@ -186,19 +207,8 @@ class Conv2dInt8(Template):
                 f"    buf = carray(stack_empty({PR * PC * CP}, np.{XT}), {PR * PC * CP})",
                 f"    acc = carray(stack_empty({P * KT}, np.int32), {P * KT})",
                 # the patch as x - x_min (bytes) or x (int16), channels innermost (`per` a lane)
-                f"    for cb in range({CBLK}):",
-                f"        for r in range({PR}):",
-                f"            for cc in range({PC}):",
-                f"                xo = np.uintp(n * {x_n} + cb * {x_c} + (oh0 * {sh} + r + {hin - ph}) * {x_h}"
-                f" + (ow0 * {sw} + cc + {hin - pw}) * {cb})",
-                f"                bo = np.uintp((r * {PC} + cc) * {CP} + cb * {cb})",
-                f"                for j in range({cb}):",
-                f"                    buf[bo + np.uintp(j)] = np.{XT}(np.int32({X}[xo + np.uintp(j)]) "
-                f"- np.int32({lo}))"]
-        if CP > g.C:                    # channels past C meet zero weights: any value, but a defined one
-            body += [f"    for q in range({PR * PC}):",
-                     f"        for j in range({g.C}, {CP}):",
-                     f"            buf[np.uintp(q * {CP} + j)] = np.{XT}(0)"]
+                *convert_patch(form, X, lo, PR, PC, CBLK, cb, g.C, f"n * {x_n} + cb * {x_c} + (oh0 * {sh} + r + "
+                               f"{hin - ph}) * {x_h} + (ow0 * {sw} + cc + {hin - pw}) * {cb}", "    ")]
         body += [f"    for ko in range(og * {G}, min({KO}, og * {G} + {G})):",
                  f"        ko0 = {shifted_start(f'ko * {TB}', KBLK, TB)}"]
         zero, dots, store = dot_tile(form, P, m, lambda p: f"xb{p} + co", KT, " " * 8, " " * 20)

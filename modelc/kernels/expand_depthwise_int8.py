@@ -19,7 +19,8 @@ import numpy as np
 
 from .. import target
 from .codegen import shifted_start
-from .conv2d_int8 import MAX_PATCH, MAX_TAPS, dot_imports, dot_tile, int8_weights, pixel_bytes, x_min
+from .conv2d_int8 import (MAX_PATCH, MAX_TAPS, convert_patch, dot_imports, dot_tile, int8_weights,
+                          pixel_bytes, x_min)
 from .expand_depthwise import ExpandDepthwise, Geometry, ring_stores, split, tile_channels
 from .int_dot import dot_form
 from .space import ConfigSpace
@@ -92,22 +93,11 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         # tiles read them (a shifted last tile reads pixels the tile before it converted)
         cols = (g.W - 1) * g.s1w + g.KW1
         body = [f"{p}buf = stack_empty({g.KH1 * cols * CP}, np.{XT})",
-                f"{p}acc = stack_empty({OWT * KTW}, np.int32)"]
-        if CP > g.C:                    # channels past C meet zero weights: any value, but a defined one
-            body += [f"{p}for c0 in range({g.KH1 * cols}):",
-                     f"{p}    for j in range({g.C}, {CP}):",
-                     f"{p}        buf[np.uintp(c0 * {CP} + j)] = np.{XT}(0)"]
-        body += [f"{p}for kh1 in range({g.KH1}):",
-                 f"{p}    for c0 in range({cols}):",
-                 f"{p}        for ci in range({CBI}):",
-                 f"{p}            xo = np.uintp(xn + ci * {xs[1]} + (r * {g.s1h} + kh1 + {g.hin - g.p1t}) * {xs[2]} "
-                 f"+ (c0 + {g.hin - g.p1l}) * {cb})",
-                 f"{p}            bo = np.uintp((kh1 * {cols} + c0) * {CP} + ci * {cb})",
-                 f"{p}            for j in range({cb}):",
-                 f"{p}                buf[bo + np.uintp(j)] = "
-                 f"np.{XT}(np.int32({X}[xo + np.uintp(j)]) - np.int32({lo}))",
-                 f"{p}for t in range({-(-g.W // OWT)}):",
-                 f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}"]
+                f"{p}acc = stack_empty({OWT * KTW}, np.int32)",
+                *convert_patch(form, X, lo, g.KH1, cols, CBI, cb, g.C, f"xn + ci * {xs[1]} + (r * {g.s1h} + kh1 + "
+                               f"{g.hin - g.p1t}) * {xs[2]} + (c0 + {g.hin - g.p1l}) * {cb}", p, ("ci", "kh1", "c0")),
+                f"{p}for t in range({-(-g.W // OWT)}):",
+                f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}"]
         zero, dots, store = dot_tile(form, OWT, KTW // V, lambda q: f"np.uintp({q * g.s1w * CP}) + co", KTW,
                                      p + "    ", p + "            ")
         taps = g.KH1 * g.KW1 * CQ

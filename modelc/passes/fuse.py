@@ -162,6 +162,28 @@ def _external(graph: Graph, group: list, owner: dict, k: int) -> list:
         owner[c.name] != k for c in graph.consumers(o)))]
 
 
+def _epilogue_anchor(group: list) -> Node | None:
+    """The group's anchor when it runs an epilogue (a conv, dense ... of one output)."""
+    head = group[0] if group else None
+    return head if head is not None and _anchors_epilogue(head) and \
+        len([o for o in head.outputs if o]) == 1 else None
+
+
+def _into_epilogue(graph: Graph, groups: list, owner: dict, pos: dict, a: int, b: int) -> bool:
+    """Merge group b into anchored group a's epilogue if each of b's ops can be an epilogue op of
+    a's anchor (its shape and dtype, one output). The anchor stays first (it is the workload's
+    anchor): b may begin with ops that precede it in the graph (r * s + t, then conv + that)."""
+    head, ga, gb = groups[a][0], groups[a], groups[b]
+    t = graph.tensors[head.outputs[0]]
+    allow = _anchor_allow(graph, t.shape, t.dtype)
+    if a == b or len(ga) + len(gb) > MAX_MERGED or \
+            not all(allow(n, {}) and len([o for o in n.outputs if o]) == 1 for n in gb):
+        return False
+    groups[a], groups[b] = [head] + sorted(ga[1:] + gb, key=lambda n: pos[n.name]), []
+    owner.update({n.name: a for n in gb})
+    return True
+
+
 def _absorb_diamonds(graph: Graph, groups: list) -> list:
     """A conv's (dense's ...) group whose one value leaving it is read only by one group of epilogue
     ops on its shape and dtype takes that group as the rest of its epilogue. A value read twice ends
@@ -171,24 +193,15 @@ def _absorb_diamonds(graph: Graph, groups: list) -> list:
     owner = {n.name: k for k, g in enumerate(groups) for n in g}
     pos = {n.name: i for i, n in enumerate(graph.topo())}
     for a, ga in enumerate(groups):
-        head = ga[0] if ga else None
-        if head is None or not _anchors_epilogue(head) or len([o for o in head.outputs if o]) != 1:
+        if _epilogue_anchor(ga) is None:
             continue
         out = _external(graph, ga, owner, a)
         if len(out) != 1 or out[0] in graph.outputs or \
                 len({owner[c.name] for c in graph.consumers(out[0])}) != 1:
             continue
         b = owner[graph.consumers(out[0])[0].name]
-        gb = groups[b]
-        t = graph.tensors[head.outputs[0]]
-        allow = _anchor_allow(graph, t.shape, t.dtype)
-        if b == a or not all(allow(n, {}) and len([o for o in n.outputs if o]) == 1 for n in gb) or \
-                len(_external(graph, gb, owner, b)) != 1 or len(ga) + len(gb) > MAX_MERGED:
-            continue
-        # the anchor first (it is the workload's anchor): a reader group may begin with ops that
-        # precede it (r * s + t before conv + that), which kernels run inside the epilogue
-        groups[a], groups[b] = [head] + sorted(ga[1:] + gb, key=lambda n: pos[n.name]), []
-        owner.update({n.name: a for n in gb})
+        if len(_external(graph, groups[b], owner, b)) == 1:
+            _into_epilogue(graph, groups, owner, pos, a, b)
     return [g for g in groups if g]
 
 
@@ -200,28 +213,18 @@ def _absorb_side_inputs(graph: Graph, groups: list) -> list:
     owner = {n.name: k for k, g in enumerate(groups) for n in g}
     pos = {n.name: i for i, n in enumerate(graph.topo())}
     for p, gp in enumerate(groups):
-        if not gp or not _injective_only(gp):
-            continue
-        out = _external(graph, gp, owner, p)
+        out = _external(graph, gp, owner, p) if gp else []
         if len(out) != 1 or out[0] in graph.outputs:
             continue
         readers = graph.consumers(out[0])
         a = owner[readers[0].name]
-        ga = groups[a]
-        head = ga[0] if ga else None
-        if head is None or a == p or any(owner[c.name] != a or c is head for c in readers) or \
-                not _anchors_epilogue(head) or len([o for o in head.outputs if o]) != 1:
+        head = _epilogue_anchor(groups[a])
+        if head is None or any(owner[c.name] != a or c is head for c in readers):
             continue
-        t = graph.tensors[head.outputs[0]]
-        allow = _anchor_allow(graph, t.shape, t.dtype)
-        inside_a = {n.name for n in ga}
-        if not all(allow(n, {}) and len([o for o in n.outputs if o]) == 1 for n in gp) or \
-                len(ga) + len(gp) > MAX_MERGED or any(
-                    graph.producer(i) is not None and graph.producer(i).name in inside_a
-                    for n in gp for i in n.inputs if i):
-            continue
-        groups[a], groups[p] = [head] + sorted(gp + ga[1:], key=lambda n: pos[n.name]), []
-        owner.update({n.name: a for n in gp})
+        inside_a = {n.name for n in groups[a]}
+        if not any(graph.producer(i) is not None and graph.producer(i).name in inside_a
+                   for n in gp for i in n.inputs if i):
+            _into_epilogue(graph, groups, owner, pos, a, p)
     return [g for g in groups if g]
 
 
