@@ -3,9 +3,10 @@
 For models we do not ship, such as PyTorch exports of torchvision networks made with
 `benchmarks/export_torchvision.py` (needs torch and torchvision) or ONNX-zoo files. Each model gets
 one line: imported/compiled or the error modelc gave, the kernels that fell back to numpy, the
-error relative to the output scale over seeded inputs, top-1 agreement, and the latency ratio.
+error relative to the output scale over seeded inputs, top-1 agreement, and the latency ratio
+(with `--against openvino`, OpenVINO's too: the goal is the faster of the two peers).
 
-    python benchmarks/check_models.py /path/to/models --inputs 2 --jobs 1
+    python benchmarks/check_models.py /path/to/models --inputs 2 --jobs 1 --bench --against openvino
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import modelc  # noqa: E402
+from modelc import peers  # noqa: E402
 from modelc.compare import alternating_timings, tolerance  # noqa: E402
 from modelc.errors import ModelcError  # noqa: E402
 
@@ -49,7 +51,7 @@ def _list(out) -> list:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def check(path: str, n_inputs: int, jobs: int, bench: bool) -> dict:
+def check(path: str, n_inputs: int, jobs: int, bench: bool, against: tuple = ()) -> dict:
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
@@ -102,10 +104,13 @@ def check(path: str, n_inputs: int, jobs: int, bench: bool) -> dict:
     res.update(rel_err=rel, top1=f"{agree}/{n_inputs}", ok=ok)
     if bench:           # alternating blocks with pauses: onnxruntime's spinning threads must not
         feeds = _inputs(sess, 0)        # hold the cores while modelc is timed (and vice versa)
-        ts = alternating_timings({"ort": lambda: sess.run(None, feeds),
-                                  "modelc": lambda: mod(*feeds.values())}, rounds=50)
-        res["ort_ms"] = 1e3 * float(np.median(ts["ort"]))
-        res["modelc_ms"] = 1e3 * float(np.median(ts["modelc"]))
+        fns = {"ort": lambda: sess.run(None, feeds), "modelc": lambda: mod(*feeds.values())}
+        for name in against:
+            run = peers.runner(name, path, 2, shapes)
+            fns[name] = lambda run=run: run(feeds)
+        ts = alternating_timings(fns, rounds=50)
+        for name in fns:
+            res[f"{name}_ms"] = 1e3 * float(np.median(ts[name]))
     return res
 
 
@@ -115,13 +120,15 @@ def main(argv=None):
     ap.add_argument("--inputs", type=int, default=2)
     ap.add_argument("--jobs", type=int, default=None, help="kernel compile processes")
     ap.add_argument("--bench", action="store_true", help="also time onnxruntime and modelc")
+    ap.add_argument("--against", action="append", default=[], choices=[p for p in peers.PEERS if p != "onnxruntime"],
+                    help="with --bench, also time this runtime (an optional extra)")
     args = ap.parse_args(argv)
     files = []
     for p in args.paths:
         files += sorted(glob.glob(os.path.join(p, "*.onnx"))) if os.path.isdir(p) else [p]
     bad = 0
     for f in files:
-        r = check(f, args.inputs, args.jobs, args.bench)
+        r = check(f, args.inputs, args.jobs, args.bench, tuple(args.against))
         if "error" in r:
             bad += 1
             print(f"{r['model']:44s} ERROR {r['error'][:400]}", flush=True)
@@ -131,6 +138,8 @@ def main(argv=None):
                 f"compile {r['compile_s']:.0f} s")
         if "ort_ms" in r:
             line += f"  ort {r['ort_ms']:.2f} ms modelc {r['modelc_ms']:.2f} ms ({r['modelc_ms'] / r['ort_ms']:.2f}x)"
+            for name in args.against:
+                line += f" {name} {r[name + '_ms']:.2f} ms (modelc {r['modelc_ms'] / r[name + '_ms']:.2f}x)"
         if r["tail"]:
             line += f"  tail: {r['tail']} nodes"
         if r["fallbacks"]:
