@@ -101,31 +101,35 @@ def _scale_ok(wl: Workload) -> bool:
     return not s.const and s.dtype == np.float32 and s.shape == (x.shape[0], x.shape[1], 1, 1)
 
 
+def blocked_conv(wl: Workload) -> bool:
+    """A 2-d conv (not grouped) of constant weights and bias from and to the blocked layout, with
+    an elementwise epilogue of its shape: what conv2d and conv2d_int8 tile."""
+    a = wl.anchor
+    if a.op not in ("Conv", "ScaledConv") or len(wl.outputs) != 1 or wl.outputs[0].layout is None:
+        return False
+    if a.op == "ScaledConv" and not _scale_ok(wl):
+        return False
+    x = wl.spec(a.args[0])
+    if len(x.shape) != 4 or x.layout is None or int(a.attrs.get("group", 1)) != 1:
+        return False
+    if not a.args[1].startswith("i") or not wl.spec(a.args[1]).const:
+        return False
+    if len(a.args) > 2 and a.args[2] and not (a.args[2].startswith("i") and wl.spec(a.args[2]).const):
+        return False
+    if wl.outputs[0].shape != wl.spec(f"v{wl.ops[-1].index}").shape or wl.outputs[0].shape[1] % wl.outputs[0].layout[0]:
+        return False
+    return all(op.op in SUPPORTED for op in wl.epilogue)
+
+
 @register
 class Conv2d(Template):
     name = "conv2d"
 
     def matches(self, wl: Workload) -> bool:
-        a = wl.anchor
-        if a.op not in ("Conv", "ScaledConv") or len(wl.outputs) != 1 or wl.outputs[0].layout is None:
+        if not blocked_conv(wl) or "x_zero" in wl.anchor.attrs:
             return False
-        if a.op == "ScaledConv" and not _scale_ok(wl):
-            return False
-        x = wl.spec(a.args[0])
-        if len(x.shape) != 4 or x.layout is None or int(a.attrs.get("group", 1)) != 1:
-            return False
-        if not a.args[1].startswith("i") or not wl.spec(a.args[1]).const:
-            return False
-        if len(a.args) > 2 and a.args[2] and not (a.args[2].startswith("i") and wl.spec(a.args[2]).const):
-            return False
-        if x.dtype != np.float32 or wl.outputs[0].shape != wl.spec(f"v{wl.ops[-1].index}").shape:
-            return False
-        pads = a.attrs["pads"]
-        if max(pads) > x.layout[1]:
-            return False
-        if wl.outputs[0].shape[1] % wl.outputs[0].layout[0]:
-            return False
-        return all(op.op in SUPPORTED for op in wl.epilogue)
+        x = wl.spec(wl.anchor.args[0])
+        return x.dtype == np.float32 and max(wl.anchor.attrs["pads"]) <= x.layout[1]
 
     def space(self, wl: Workload) -> ConfigSpace:
         g = conv_geometry(wl)

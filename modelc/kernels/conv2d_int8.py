@@ -25,7 +25,7 @@ import numpy as np
 from .. import target
 from ..errors import ModelcError
 from .codegen import ParallelItem, shifted_start
-from .conv2d import OWT_CANDIDATES, tile_stores
+from .conv2d import OWT_CANDIDATES, blocked_conv, tile_stores
 from .conv_geometry import conv_geometry
 from .int_dot import dot_form
 from .space import ConfigSpace
@@ -41,7 +41,7 @@ def x_min(wl: Workload):
     generated source), else None."""
     ranges = wl.integer_inputs()
     x = wl.anchor.args[0]
-    return ranges[int(x[1:])][0] if x.startswith("i") and int(x[1:]) in ranges else None
+    return wl.anchor.attrs["x_min"] if x.startswith("i") and int(x[1:]) in ranges else None
 
 
 def int8_weights(w, what: str) -> np.ndarray:
@@ -71,24 +71,42 @@ def pixel_bytes(channels: int, form) -> int:
 
 
 def convert_patch(form, X: str, lo: int, rows: int, cols: int, blocks: int, cb: int, channels: int,
-                  x_at: str, ind: str, names=("cb", "r", "cc")) -> list:
+                  x_at: str, ind: str, names=("cb", "r", "cc"), zero: int = 0, inside: str | None = None) -> list:
     """Source converting a patch of rows x cols pixels of `X` (blocks of cb channels) into `buf`,
     channels innermost, as x - lo in `form`'s type: buf[(r cols + c) CP + b cb + j]. `x_at` is the
-    offset in X of block b's first channel at patch pixel (r, c), in the loop variables `names`."""
+    offset in X of block b's first channel at patch pixel (r, c), in the loop variables `names`.
+    An input read as bytes holds x + `zero`; its padding (where the condition `inside` is false)
+    is written here, as x = 0, where a float32 input's halo holds it."""
     b, r, c = names
     CP, XT = -(-channels // form.per) * form.per, form.x_dtype
+    at = [f"xo = np.uintp({x_at})", f"bo = np.uintp(({r} * {cols} + {c}) * {CP} + {b} * {cb})"]
+    copy = [f"for j in range({cb}):",
+            f"    buf[bo + np.uintp(j)] = np.{XT}(np.int32({X}[xo + np.uintp(j)]) - np.int32({lo + zero}))"]
+    if inside is None:
+        copy = at + copy
+    else:
+        copy = [at[1], f"if {inside}:", *("    " + ln for ln in [at[0]] + copy), "else:",
+                f"    for j in range({cb}):", f"        buf[bo + np.uintp(j)] = np.{XT}({-lo})"]
     body = [f"{ind}for {b} in range({blocks}):",
             f"{ind}    for {r} in range({rows}):",
             f"{ind}        for {c} in range({cols}):",
-            f"{ind}            xo = np.uintp({x_at})",
-            f"{ind}            bo = np.uintp(({r} * {cols} + {c}) * {CP} + {b} * {cb})",
-            f"{ind}            for j in range({cb}):",
-            f"{ind}                buf[bo + np.uintp(j)] = np.{XT}(np.int32({X}[xo + np.uintp(j)]) - np.int32({lo}))"]
+            *(f"{ind}            {ln}" for ln in copy)]
     if CP > channels:               # channels past C meet zero weights: any value, but a defined one
         body += [f"{ind}for q in range({rows * cols}):",
                  f"{ind}    for j in range({channels}, {CP}):",
                  f"{ind}        buf[np.uintp(q * {CP} + j)] = np.{XT}(0)"]
     return body
+
+
+def read_as_bytes(wl: Workload) -> tuple[int, bool]:
+    """(x_zero, True) for a conv reading its input as bytes (passes/byte_inputs.py), else (0, False)."""
+    z = wl.anchor.attrs.get("x_zero")
+    return (z, True) if z is not None else (0, False)
+
+
+def in_bounds(row: str, col: str, h: int, w: int) -> str:
+    """The condition that input pixel (row, col) lies inside an h x w image (not in its padding)."""
+    return f"np.uintp({row}) < {h} and np.uintp({col}) < {w}"
 
 
 def dot_imports(form) -> list:
@@ -101,13 +119,16 @@ class Conv2dInt8(Template):
     alternative_to = "conv2d"
     priority = -1             # the first alternative an untuned module considers (`preferred`)
     supersedes = True         # tuning measures no float32 conv for these workloads
+    reads_bytes = True
 
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
         form = dot_form(target.current())
         if a.op != "Conv" or form is None or x_min(wl) is None or not a.attr("exact", 0):
             return False
-        if not get(self.alternative_to).matches(wl):
+        z, as_bytes = read_as_bytes(wl)
+        if not (blocked_conv(wl) and wl.spec(a.args[0]).dtype.itemsize == 1 if as_bytes
+                else get(self.alternative_to).matches(wl)):
             return False
         g = conv_geometry(wl)
         lanes = form.lanes
@@ -171,6 +192,7 @@ class Conv2dInt8(Template):
         conv = wl.anchor
         form = dot_form(target.current())
         lo = x_min(wl) if form.shifted else 0
+        z, as_bytes = read_as_bytes(wl)
         V, PER, XT = form.lanes, form.per, form.x_dtype
         OWT, m, TOH, G = cfg["tile_ow"], cfg["tile_oc_vectors"], cfg["tile_oh"], cfg["tiles_per_item"]
         KB, cb = g.KB, g.cb
@@ -208,7 +230,9 @@ class Conv2dInt8(Template):
                 f"    acc = carray(stack_empty({P * KT}, np.int32), {P * KT})",
                 # the patch as x - x_min (bytes) or x (int16), channels innermost (`per` a lane)
                 *convert_patch(form, X, lo, PR, PC, CBLK, cb, g.C, f"n * {x_n} + cb * {x_c} + (oh0 * {sh} + r + "
-                               f"{hin - ph}) * {x_h} + (ow0 * {sw} + cc + {hin - pw}) * {cb}", "    ")]
+                               f"{hin - ph}) * {x_h} + (ow0 * {sw} + cc + {hin - pw}) * {cb}", "    ", zero=z,
+                               inside=in_bounds(f"oh0 * {sh} + r - {ph}", f"ow0 * {sw} + cc - {pw}", g.H, g.W)
+                               if as_bytes and max(g.pads) else None)]
         body += [f"    for ko in range(og * {G}, min({KO}, og * {G} + {G})):",
                  f"        ko0 = {shifted_start(f'ko * {TB}', KBLK, TB)}"]
         zero, dots, store = dot_tile(form, P, m, lambda p: f"xb{p} + co", KT, " " * 8, " " * 20)
@@ -249,6 +273,6 @@ class Conv2dInt8(Template):
 
         args = ["out0", X, "w", "corr"] + (["bias"] if has_bias else [])
         args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
-        dtypes = [wl.outputs[0].dtype, np.float32, np.dtype(form.w_dtype), np.int32] + \
+        dtypes = [wl.outputs[0].dtype, wl.spec(conv.args[0]).dtype, np.dtype(form.w_dtype), np.int32] + \
             ([np.float32] if has_bias else []) + [wl.inputs[int(a[2:])].dtype for a in args[4 + has_bias:]]
         return Kernel(source(args, dtypes, body, extra=dot_imports(form)), args, pack)

@@ -153,7 +153,7 @@ class ExpandDepthwise(Template):
         if len(pw_.args) < 2 or not pw_.args[0].startswith("i") or len(dw_.args) < 2:
             return False
         x = wl.spec(pw_.args[0])
-        if len(x.shape) != 4 or x.layout is None or x.dtype != np.float32 or out.dtype != np.float32:
+        if len(x.shape) != 4 or x.layout is None or not self.types_ok(wl, d):
             return False
         n, c = x.shape[:2]
         w1 = wl.spec(pw_.args[1]).shape if pw_.args[1].startswith("i") else None
@@ -163,7 +163,7 @@ class ExpandDepthwise(Template):
         # the first conv: a 1x1, or a wider window over an image's few channels (a stem's 3x3 stride
         # 2); a wide conv over many channels is conv2d's or Winograd's work, whose tiles this lacks
         if int(pw_.attrs.get("group", 1)) != 1 or any(v != 1 for v in pw_.attrs.get("dilations", [1])) or \
-                len(pw_.attrs.get("pads", [0] * 4)) != 4 or max(pw_.attrs.get("pads", [0])) > x.layout[1] or \
+                len(pw_.attrs.get("pads", [0] * 4)) != 4 or \
                 (w1[2:] != (1, 1) and c > MAX_STEM_CHANNELS):
             return False
         if len(pw_.args) > 2 and pw_.args[2] and not _const_input(wl, pw_.args[2], (k,)):
@@ -174,8 +174,6 @@ class ExpandDepthwise(Template):
             return False
         if len(dw_.args) > 2 and dw_.args[2] and not _const_input(wl, dw_.args[2], (k,)):
             return False
-        if any(wl.spec(f"v{j}").dtype != np.float32 for j in range(len(wl.ops))):
-            return False
         last = f"v{wl.ops[-1].index}"
         if wl.output_values[0] != last or out.shape != (n, k, *out.shape[2:]) or out.layout[0] < 1 or \
                 k % out.layout[0] or any(wl.spec(f"v{j}").shape != out.shape for j in range(d, len(wl.ops))):
@@ -183,6 +181,14 @@ class ExpandDepthwise(Template):
         g = Geometry(wl, d)
         return g.W >= 1 and max(g.pt, g.pb) < g.ring and max(g.pl, g.pr) < (g.KW - 1) * g.dw + 1 and \
             g.ring * g.BW * g.b <= MAX_RING_FLOATS          # a wide image's ring would not fit a stack
+
+    def types_ok(self, wl: Workload, d: int) -> bool:
+        """float32 values throughout, the input padded by its halo."""
+        pw_ = wl.ops[0]
+        x = wl.spec(pw_.args[0])
+        return x.dtype == np.float32 and wl.outputs[0].dtype == np.float32 and "x_zero" not in pw_.attrs and \
+            max(pw_.attrs.get("pads", [0])) <= x.layout[1] and \
+            all(wl.spec(f"v{j}").dtype == np.float32 for j in range(len(wl.ops)))
 
     def space(self, wl: Workload) -> ConfigSpace:
         g = Geometry(wl, split(wl))
@@ -409,7 +415,8 @@ class ExpandDepthwise(Template):
 
         extra = [k for k in epilogue_inputs(wl.ops[1:d] + ops2) if k != x_arg]
         args = ["out0", X] + args1 + ["w2"] + (["bias2"] if bias2 else []) + [f"in{k}" for k in extra]
-        dtypes = [np.float32, np.float32] + dtypes1 + [np.float32] * (1 + bias2) + [wl.inputs[k].dtype for k in extra]
+        dtypes = [wl.outputs[0].dtype, wl.spec(wl.ops[0].args[0]).dtype] + dtypes1 + [np.float32] * (1 + bias2) + \
+            [wl.inputs[k].dtype for k in extra]
         w2_arg = int(dw_.args[1][1:])
         b2_arg = int(dw_.args[2][1:]) if bias2 else None
 

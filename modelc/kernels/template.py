@@ -47,6 +47,7 @@ class Template:
     takes_half = False     # also builds float16 workloads (loads h2f, computes float32, stores f2h)
     supersedes = False     # an alternative that, where `preferred`, is the workload's only algorithm
                            # tuning tries (the others cannot win)
+    reads_bytes = False    # builds convs that read their input as bytes (`x_zero`: passes/byte_inputs.py)
 
     def matches(self, wl: Workload) -> bool:
         raise NotImplementedError
@@ -111,6 +112,9 @@ def select(wl: Workload) -> Template:
     """The first registered template that handles `wl` (the fallback matches everything). A
     workload with float16 goes to a template that takes half, or its te declaration, when the CPU
     converts half, and with another dtype no kernel takes, to the fallback."""
+    if "x_zero" in wl.anchor.attrs:       # only the templates that say so read bytes as x - x_zero
+        return next((t for t in sorted(TEMPLATES, key=lambda t: t.priority) if t.reads_bytes and t.matches(wl)),
+                    get("reference"))
     odd = set(_dtypes(wl)) - KERNEL_DTYPES
     if odd:
         from .. import target
@@ -136,7 +140,8 @@ def untuned(wl: Workload, default: Template) -> Template:
 def alternatives(wl: Workload, default: Template) -> list:
     """The other algorithms for `wl` whose records may replace `default`'s (tuning decides)."""
     return [t for t in sorted(TEMPLATES, key=lambda t: t.priority)
-            if t.alternative_to == default.name and t.matches(wl)]
+            if t.alternative_to == default.name and t.matches(wl)
+            and (t.reads_bytes or "x_zero" not in wl.anchor.attrs)]
 
 
 def get(name: str) -> Template:

@@ -114,13 +114,21 @@ class Workload:
     def integer_inputs(self) -> dict:
         """{input index: (low, high)} for the float inputs that hold integers in a quantized conv or
         product (the importer's `x_min` on an exact Conv or Dense: its centered 8-bit input, int8
-        weights and an integer bias), which kernels rely on: conv2d_int8 packs such weights as int8."""
+        weights and an integer bias), which kernels rely on: conv2d_int8 packs such weights as int8.
+        An input read as bytes (`x_zero`, passes/byte_inputs.py) holds its type's whole range."""
         a = self.anchor
         low = a.attr("x_min")
         if a.op not in ("Conv", "Dense") or not a.attr("exact", 0) or not isinstance(low, int) \
                 or isinstance(low, bool) or not -255 <= low <= 0:
             return {}
         ranges = [(low, low + 255), (-128, 127), (-(1 << 16), 1 << 16)]
+        if "x_zero" in a.attrs:         # the input is read as bytes q, the conv is of q - x_zero
+            z, x = a.attrs["x_zero"], a.args[0]
+            dt = self.inputs[int(x[1:])].dtype if x.startswith("i") else None
+            if dt not in (np.dtype(np.uint8), np.dtype(np.int8)) or not isinstance(z, int) or \
+                    isinstance(z, bool) or low != int(np.iinfo(dt).min) - z:
+                return {}
+            ranges[0] = (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
         return {int(x[1:]): r for x, r in zip(a.args, ranges) if x.startswith("i")}
 
     def random_inputs(self, seed: int = 0) -> list:
@@ -129,7 +137,7 @@ class Workload:
         out = []
         ints = self.integer_inputs()
         for k, t in enumerate(self.inputs):
-            if k in ints and t.dtype.kind == "f":
+            if k in ints:
                 x = rng.integers(ints[k][0], ints[k][1] + 1, t.shape).astype(t.dtype)
             elif t.dtype.kind == "f":
                 x = rng.standard_normal(t.shape).astype(t.dtype)

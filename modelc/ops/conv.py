@@ -17,8 +17,12 @@ from .window import check_spatial_rank, conv_geometry, conv_transpose_geometry, 
 
 
 def _conv_infer(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-                pads=None, strides=None, exact=0, x_min=None):
+                pads=None, strides=None, exact=0, x_min=None, x_zero=None):
     check_spatial_rank(x, "Conv")
+    if x_zero is not None and (np.dtype(x.dtype) not in (np.dtype(np.uint8), np.dtype(np.int8)) or
+                               not np.issubdtype(np.dtype(w.dtype), np.floating)):
+        raise ValueError(f"an input read as bytes (x_zero) must be uint8 or int8 with float weights, "
+                         f"not {np.dtype(x.dtype)} and {np.dtype(w.dtype)}")
     if len(w.shape) != len(x.shape):
         raise ValueError(f"weight shape {list(w.shape)} must have the rank of the input "
                          f"{list(x.shape)}")
@@ -28,16 +32,20 @@ def _conv_infer(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, ker
     if b is not None and tuple(b.shape) != (m,):
         raise ValueError(f"bias shape {list(b.shape)} must be [{m}]")
     geo = conv_geometry(x.shape, w.shape, auto_pad, dilations, kernel_shape, pads, strides)
-    return (x.shape[0], m, *geo.out), x.dtype
+    return (x.shape[0], m, *geo.out), (w.dtype if x_zero is not None else x.dtype)
 
 
 @register("Conv", Kind.OUT_ELEMWISE_FUSABLE, infer=_conv_infer)
 def conv(x, w, b=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-         pads=None, strides=None, exact=0, x_min=None):
+         pads=None, strides=None, exact=0, x_min=None, x_zero=None):
     """`exact` (modelc's, set by the quantized ops' import) asks for a sum of exact products:
     integer-valued inputs stay integers, so no Winograd; the reference's im2col sums them exactly.
     `x_min` (modelc's too) is the least value such an input takes where it and the weights are
-    8-bit integers (the VNNI kernel's shift to unsigned bytes); the sum does not depend on it."""
+    8-bit integers (the VNNI kernel's shift to unsigned bytes); the sum does not depend on it.
+    `x_zero` (passes/byte_inputs.py): the input is 8-bit and the conv is of x - x_zero (padded
+    with zeros of that), in the weights' float type."""
+    if x_zero is not None:
+        x = x.astype(w.dtype) - np.asarray(x_zero, w.dtype)
     geo = conv_geometry(x.shape, w.shape, auto_pad, dilations, kernel_shape, pads, strides)
     ct = compute_dtype(x.dtype)
     n, c = x.shape[:2]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..ir import Graph
+from .byte_inputs import byte_inputs
 from .canonicalize import canonicalize
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
@@ -29,6 +30,7 @@ PIPELINE = [
     lower_norms,
     to_dense,
     scale_into_conv,
+    byte_inputs,
     eliminate_common_subexpressions,
     eliminate_dead_code,
 ]

@@ -20,6 +20,7 @@ because kernels are generated for them and they are part of the workload.
 from __future__ import annotations
 
 import networkx as nx
+import numpy as np
 
 from .. import ops
 from ..ir import Graph, Node
@@ -27,6 +28,8 @@ from ..kernels.expr import SUPPORTED as EPILOGUE_OPS
 from ..ops import Kind
 from ..ops.internal import CONVS
 from .util import only_consumer
+
+_BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def _kind(node: Node) -> Kind:
@@ -57,18 +60,21 @@ def _grow(graph: Graph, group: list, allow, done: set) -> list:
         group.append(nxt)
 
 
-def _anchor_allow(graph: Graph, shape, dtype):
+def _anchor_allow(graph: Graph, shape, dtype, anchor: Node | None = None):
     # only ops an epilogue can emit: a BatchNormalization whose statistics are computed (not
     # folded) broadcasts along channels, which epilogues cannot; absorbed, it sent the whole
     # conv group to the numpy fallback, while alone it is an injective group. Likewise only
     # ops that keep the anchor's dtype: the dense and pool templates store the anchor's type,
     # so MatMul -> IsInf or AveragePool -> Greater ran on the fallback; such an op now starts
-    # an injective group
+    # an injective group. A quantized conv's epilogue may end in a cast to 8 bits (the bytes the
+    # next one reads: passes/byte_inputs.py), which its templates store
+    to_bytes = anchor is not None and anchor.op_type == "Conv" and bool(anchor.attrs.get("exact", 0))
+
     def allow(node, state):
         k = _kind(node)
         out = graph.tensors[node.outputs[0]]
         return k <= Kind.BROADCAST and node.op_type in EPILOGUE_OPS and out.shape == shape and \
-            out.dtype == dtype
+            (out.dtype == dtype or to_bytes and node.op_type == "Cast" and out.dtype in _BYTES)
     return allow
 
 
@@ -175,7 +181,7 @@ def _into_epilogue(graph: Graph, groups: list, owner: dict, pos: dict, a: int, b
     anchor): b may begin with ops that precede it in the graph (r * s + t, then conv + that)."""
     head, ga, gb = groups[a][0], groups[a], groups[b]
     t = graph.tensors[head.outputs[0]]
-    allow = _anchor_allow(graph, t.shape, t.dtype)
+    allow = _anchor_allow(graph, t.shape, t.dtype, head)
     if a == b or len(ga) + len(gb) > MAX_MERGED or \
             not all(allow(n, {}) and len([o for o in n.outputs if o]) == 1 for n in gb):
         return False
@@ -298,7 +304,7 @@ def fuse(graph: Graph) -> Graph:
         k = _kind(node)
         if _anchors_epilogue(node) and len([o for o in node.outputs if o]) == 1:
             t = graph.tensors[node.outputs[0]]
-            group = _grow(graph, [node], _anchor_allow(graph, t.shape, t.dtype), done)
+            group = _grow(graph, [node], _anchor_allow(graph, t.shape, t.dtype, node), done)
         elif k <= Kind.REDUCTION:
             out = next((o for o in node.outputs if o), None)
             group = _grow(graph, [node], _chain_allow(graph, graph.tensors[out].shape if out else None), done)

@@ -34,8 +34,14 @@ _BLOCKED_DTYPES = (np.float32, np.float16)
 
 def _is_4d_blockable(graph: Graph, name: str) -> bool:
     t = graph.tensors.get(name)
-    return t is not None and t.shape is not None and len(t.shape) == 4 and t.dtype in _BLOCKED_DTYPES \
-        and not t.is_const
+    return t is not None and t.shape is not None and len(t.shape) == 4 and not t.is_const and \
+        (t.dtype in _BLOCKED_DTYPES or _bytes_read(graph, name))
+
+
+def _bytes_read(graph: Graph, name: str) -> bool:
+    """An 8-bit tensor a quantized conv reads as bytes (passes/byte_inputs.py): blocked, without a
+    halo (a zero byte is not the zero point; those kernels pad where they convert their patches)."""
+    return any("x_zero" in _anchor(c).attrs and _data_input(c) == name for c in graph.consumers(name))
 
 
 def _blocked_native(graph: Graph, node: Node) -> bool:
@@ -46,7 +52,7 @@ def _blocked_native(graph: Graph, node: Node) -> bool:
     if not node.outputs or not _is_4d_blockable(graph, node.outputs[0]) or len([o for o in node.outputs if o]) != 1:
         return False
     x = sub.tensors[a.inputs[0]]
-    if len(x.shape) != 4 or x.dtype not in _BLOCKED_DTYPES:
+    if len(x.shape) != 4 or x.dtype not in _BLOCKED_DTYPES and "x_zero" not in a.attrs:
         return False
     if a.op_type in CONVS:
         w = graph.tensors.get(_outer(node, a.inputs[1]))   # (None: computed inside the group)
@@ -127,7 +133,7 @@ def plan_layouts(graph: Graph) -> Graph:
     for n in nodes:
         if n.name in native and _anchor(n).op_type in CONVS:
             x = _data_input(n)
-            if x in halo:
+            if x in halo and not _bytes_read(graph, x):
                 halo[x] = max(halo[x], _conv_pad(n))
     # a tensor no convolution reads as data, but a blocked group reads as a second operand (a
     # residual Add after a downsample conv), takes the halo of that group's output: both are then
@@ -158,7 +164,7 @@ def plan_layouts(graph: Graph) -> Graph:
         readers = [c for c in consumers(t) if c.name in native and _data_input(c) == t]
         if not readers or t in blocked or not _is_4d_blockable(graph, t):
             continue
-        pad = max((_conv_pad(c) for c in readers), default=0)
+        pad = 0 if _bytes_read(graph, t) else max((_conv_pad(c) for c in readers), default=0)
         new = _transform(graph, t, (choose_block(graph.tensors[t].shape[1]), pad), "to_blocked")
         for c in readers:
             graph.replace_input(c, t, new)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Graph, Node
-from .util import forward, only_consumer
+from .util import forward, integer_clip, only_consumer
 
 _RESHAPES = {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}
 
@@ -60,20 +60,9 @@ def _integer_round_trip(graph: Graph, node: Node):
     if graph.tensors[node.outputs[0]].dtype != y.dtype or y.dtype.kind != "f" or mid.dtype.kind not in "iu":
         return None
     clip = graph.producer(y.name)
-    if clip is None or clip.op_type != "Clip" or len(clip.inputs) != 3 or not all(clip.inputs):
-        return None
+    rng = integer_clip(graph, clip) if clip is not None else None
     info = np.iinfo(mid.dtype)
-    lo, hi = graph.value(clip.inputs[1]), graph.value(clip.inputs[2])
-    if lo is None or hi is None or lo.size != 1 or hi.size != 1 or not info.min <= lo.item() <= hi.item() <= info.max:
-        return None
-    r = graph.producer(clip.inputs[0])
-    while r is not None and r.op_type == "Add" and len(r.inputs) == 2:
-        consts = [graph.value(i) for i in r.inputs]
-        k = 0 if consts[0] is not None else 1
-        if consts[k] is None or consts[1 - k] is not None or not np.all(np.round(consts[k]) == consts[k]):
-            return None
-        r = graph.producer(r.inputs[1 - k])
-    return (first, chain[::-1]) if r is not None and r.op_type == "Round" else None
+    return (first, chain[::-1]) if rng is not None and info.min <= rng[0] and rng[1] <= info.max else None
 
 
 def _drop_round_trip(graph: Graph, node: Node, first: Node, chain: list):

@@ -56,3 +56,22 @@ def forward(graph: Graph, node: Node, src: str):
 
 def add_const_like(graph: Graph, hint: str, value) -> str:
     return graph.add_const(graph.fresh_name(hint), np.asarray(value))
+
+
+def integer_clip(graph: Graph, clip: Node) -> tuple[int, int] | None:
+    """(lo, hi) where `clip` is Clip(Round(v) [+ integral constants], lo, hi) with integral
+    constant bounds (a quantize's saturation: integers from lo to hi), else None."""
+    if clip.op_type != "Clip" or len(clip.inputs) != 3 or not all(clip.inputs):
+        return None
+    lo, hi = graph.value(clip.inputs[1]), graph.value(clip.inputs[2])
+    if lo is None or hi is None or lo.size != 1 or hi.size != 1 or not np.isfinite([lo.item(), hi.item()]).all() \
+            or lo.item() != round(lo.item()) or hi.item() != round(hi.item()) or lo.item() > hi.item():
+        return None
+    r = graph.producer(clip.inputs[0])
+    while r is not None and r.op_type == "Add" and len(r.inputs) == 2:
+        consts = [graph.value(i) for i in r.inputs]
+        k = 0 if consts[0] is not None else 1
+        if consts[k] is None or consts[1 - k] is not None or not np.all(np.round(consts[k]) == consts[k]):
+            return None
+        r = graph.producer(r.inputs[1 - k])
+    return (int(lo.item()), int(hi.item())) if r is not None and r.op_type == "Round" else None

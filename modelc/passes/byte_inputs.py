@@ -1,0 +1,97 @@
+"""Quantized convolutions read their input as bytes, as onnxruntime's QLinearConv does.
+
+The importer turns a quantized tensor into float32 integers (`simplify` drops the cast to uint8 and
+back), so a quantized model moved four bytes per value between its kernels: the output of every
+requantizing epilogue, and every conv's read of it. Where such a tensor y = clip(round(v) + c, lo,
+hi) fits 8 bits and is read by convolutions on integer dot products (through its centering y - z,
+the dequantize's zero point), this pass casts it back: q = Cast(y, uint8 or int8) ends the
+producer's epilogue, each such conv reads q (`x_zero` = z on the Conv: it convolves q - z, padded
+with zeros of that), and every other reader - elementwise ops, which fuse the cast back to float
+into their own kernel - reads Cast(q, float32). A model's own 8-bit input (widened by a Cast) is
+read as bytes the same way. The kernels that take such a conv
+(conv2d_int8, expand_depthwise_int8) copy bytes into their patches instead of converting floats.
+
+Only where the CPU has an integer dot product (`int_dot.dot_form`): no other kernel reads bytes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import target
+from ..ir import Graph, Node
+from ..kernels.expr import SUPPORTED as ELEMENTWISE
+from ..kernels.int_dot import dot_form
+from .util import integer_clip, scalar
+
+_BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+def _byte_conv(graph: Graph, node: Node, z: int, dtype) -> bool:
+    """A 2-d quantized conv (exact, with x_min) over a centered input whose 8-bit values q give
+    x_min = the type's least value - z, with constant weights: what conv2d_int8 takes."""
+    a = node.attrs
+    x_min = a.get("x_min")
+    x = graph.tensors[node.inputs[0]]
+    return node.op_type == "Conv" and bool(a.get("exact", 0)) and isinstance(x_min, int) and \
+        "x_zero" not in a and int(a.get("group", 1)) == 1 and x.shape is not None and len(x.shape) == 4 and \
+        x_min == int(np.iinfo(dtype).min) - z and graph.value(node.inputs[1]) is not None and \
+        a.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
+
+
+def _readers(graph: Graph, y: str, dtype):
+    """([(conv, z)] reading y - z as bytes would do, [other readers]) or None where a reader is
+    neither such a conv nor an elementwise op (it would need a kernel of its own to widen q)."""
+    convs, others = [], []
+    for r in graph.consumers(y):
+        if _byte_conv(graph, r, 0, dtype) and r.inputs[0] == y and y not in r.inputs[1:]:
+            convs.append((r, 0))
+            continue
+        if r.op_type not in ELEMENTWISE:
+            return None
+        z = scalar(graph, r.inputs[1]) if r.op_type == "Sub" and r.inputs[0] == y else None
+        readers = graph.consumers(r.outputs[0]) if z is not None and z == round(z) else []
+        if readers and r.outputs[0] not in graph.outputs and \
+                all(_byte_conv(graph, c, int(z), dtype) and c.inputs[0] == r.outputs[0] for c in readers):
+            convs += [(c, int(z)) for c in readers]
+        elif readers and any(_byte_conv(graph, c, int(z), dtype) for c in readers):
+            return None             # the centered value goes to both: it stays a float32 tensor
+        else:
+            others.append(r)
+    return convs, others
+
+
+def byte_inputs(graph: Graph) -> Graph:
+    if dot_form(target.current()) is None:
+        return graph
+    for node in graph.topo():
+        if node.name not in graph.nx or node.op_type not in ("Clip", "Cast"):
+            continue
+        y = node.outputs[0]
+        if node.op_type == "Cast":          # bytes already (a model's uint8 input, widened)
+            q, dtype = node.inputs[0], graph.tensors[node.inputs[0]].dtype
+            if dtype not in _BYTES or graph.tensors[y].dtype != np.float32:
+                continue
+        else:
+            rng = integer_clip(graph, node)
+            q, dtype = None, next((d for d in _BYTES if rng is not None and np.iinfo(d).min <= rng[0]
+                                   and rng[1] <= np.iinfo(d).max), None)
+        found = _readers(graph, y, dtype) if dtype is not None and y not in graph.outputs else None
+        if not found or not found[0]:
+            continue
+        convs, others = found
+        if q is None:
+            shape = graph.tensors[y].shape
+            q = graph.add_tensor(graph.fresh_name(f"{y}_bytes"), shape, dtype).name
+            graph.add_node(Node(graph.fresh_name(f"{node.name}_bytes"), "Cast", [y], [q], {"to": _ONNX[dtype]}))
+            if others:
+                f = graph.add_tensor(graph.fresh_name(f"{y}_float"), shape, graph.tensors[y].dtype).name
+                graph.add_node(Node(graph.fresh_name(f"{node.name}_float"), "Cast", [q], [f], {"to": 1}))
+                for r in others:
+                    graph.replace_input(r, y, f)
+        for c, z in convs:
+            graph.replace_input(c, c.inputs[0], q)
+            c.attrs["x_zero"] = z
+    return graph
+
+
+_ONNX = {np.dtype(np.uint8): 2, np.dtype(np.int8): 3}
