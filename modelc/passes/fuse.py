@@ -66,15 +66,16 @@ def _anchor_allow(graph: Graph, shape, dtype, anchor: Node | None = None):
     # conv group to the numpy fallback, while alone it is an injective group. Likewise only
     # ops that keep the anchor's dtype: the dense and pool templates store the anchor's type,
     # so MatMul -> IsInf or AveragePool -> Greater ran on the fallback; such an op now starts
-    # an injective group. A quantized conv's epilogue may end in a cast to 8 bits (the bytes the
-    # next one reads: passes/byte_inputs.py), which its templates store
+    # an injective group. A quantized conv's epilogue may end in a cast to the bytes the next
+    # one reads (passes/byte_inputs.py), which its templates store in the blocked layout
     to_bytes = anchor is not None and anchor.op_type == "Conv" and bool(anchor.attrs.get("exact", 0))
 
     def allow(node, state):
         k = _kind(node)
         out = graph.tensors[node.outputs[0]]
         return k <= Kind.BROADCAST and node.op_type in EPILOGUE_OPS and out.shape == shape and \
-            (out.dtype == dtype or to_bytes and node.op_type == "Cast" and out.dtype in _BYTES)
+            (out.dtype == dtype or to_bytes and node.op_type == "Cast" and out.dtype in _BYTES and
+             any("x_zero" in c.attrs for c in graph.consumers(out.name)))
     return allow
 
 
