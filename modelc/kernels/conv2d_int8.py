@@ -11,8 +11,10 @@ back x_min times each output channel's weight sum (`corr`, packed too); without,
 weights are int16 and `vpmaddwd` multiplies them (corr is zero). The int32 sums are exact, as
 onnxruntime's are, where float32 ones are exact only below 2^24.
 
-Input [N, C/cb, H+2h, W+2h, cb] float32; weights [tiles, KH, KW, CQ, KT, per] (the `per` consecutive
-input channels of one output channel a 32-bit lane multiplies); output [N, K/KB, OH+2h', OW+2h', KB]. One
+Input [N, C/cb, H+2h, W+2h, cb] float32, or the bytes q of a conv of q - x_zero (passes/byte_inputs.py:
+copied into the patch, whose padding is then written there, not read from a halo); weights [tiles, KH,
+KW, CQ, KT, per] (the `per` consecutive input channels of one output channel a 32-bit lane
+multiplies); output [N, K/KB, OH+2h', OW+2h', KB] (float32, or bytes: the epilogue's last cast). One
 parallel item is (image, group of output-channel tiles, output rows, output columns): its patch is
 converted once and read by every tile of the group. The register tile is TOH x OWT pixels by
 m vectors of output channels (`int_dot.I32Vector`); the epilogue (bias, requantization, activation,
