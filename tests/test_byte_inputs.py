@@ -188,3 +188,38 @@ def test_quantized_models_move_bytes_and_give_onnxruntimes(form, pool):
     assert not mod.fallbacks
     got = mod.run({"x": x})
     np.testing.assert_array_equal(next(iter(got.values())), want)
+
+
+def _qdq_residual(seed=0):
+    """QDQ: x -> Q -> DQ -> Conv 3x3 (int8 weights through a DQ) -> Q -> DQ, + the first DQ's value
+    in float32: the centered input (q - zp) is read by the conv and by that dequantize's Mul."""
+    rng = np.random.default_rng(seed)
+    c = 16
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.uint8(37), "z"),
+             numpy_helper.from_array(rng.integers(-128, 128, (c, c, 3, 3)).astype(np.int8), "wq"),
+             numpy_helper.from_array(rng.uniform(0.002, 0.006, c).astype(np.float32), "ws"),
+             numpy_helper.from_array(np.zeros(c, np.int8), "wz"),
+             numpy_helper.from_array(np.float32(0.08), "s2"), numpy_helper.from_array(np.uint8(120), "z2")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q0"]),
+             helper.make_node("DequantizeLinear", ["q0", "s", "z"], ["d0"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+             helper.make_node("Conv", ["d0", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "s2", "z2"], ["q1"]),
+             helper.make_node("DequantizeLinear", ["q1", "s2", "z2"], ["d1"]),
+             helper.make_node("Add", ["d1", "d0"], ["y"])]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 10, 10])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 10, 10])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_centered_input_read_by_a_conv_and_a_residual():
+    """The conv reads the bytes; the residual widens them in its own kernel; onnxruntime's values."""
+    tg = _form("vnni")
+    model = _qdq_residual()
+    assert [v for v in _byte_convs(model, tg).values()] == [(37, "uint8")]
+    x = np.random.default_rng(2).standard_normal((1, 16, 10, 10)).astype(np.float32) * 3
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with target.use(tg):
+        mod = modelc.compile(model)
+    assert not mod.fallbacks
+    np.testing.assert_array_equal(mod.run({"x": x})["y"], want)

@@ -39,8 +39,9 @@ def _byte_conv(graph: Graph, node: Node, z: int, dtype) -> bool:
 
 
 def _readers(graph: Graph, y: str, dtype):
-    """([(conv, z)] reading y - z as bytes would do, [other readers]) or None where a reader is
-    neither such a conv nor an elementwise op (it would need a kernel of its own to widen q)."""
+    """([(conv, z)] reading y - z (or y) that would read bytes instead, [the other readers of y]),
+    or None where another reader is not an elementwise op (it would need a kernel of its own
+    to widen the bytes back)."""
     convs, others = [], []
     for r in graph.consumers(y):
         if _byte_conv(graph, r, 0, dtype) and r.inputs[0] == y and y not in r.inputs[1:]:
@@ -48,15 +49,15 @@ def _readers(graph: Graph, y: str, dtype):
             continue
         if r.op_type not in ELEMENTWISE:
             return None
-        z = scalar(graph, r.inputs[1]) if r.op_type == "Sub" and r.inputs[0] == y else None
-        readers = graph.consumers(r.outputs[0]) if z is not None and z == round(z) else []
-        if readers and r.outputs[0] not in graph.outputs and \
-                all(_byte_conv(graph, c, int(z), dtype) and c.inputs[0] == r.outputs[0] for c in readers):
-            convs += [(c, int(z)) for c in readers]
-        elif readers and any(_byte_conv(graph, c, int(z), dtype) for c in readers):
-            return None             # the centered value goes to both: it stays a float32 tensor
-        else:
-            others.append(r)
+        z = scalar(graph, r.inputs[1]) if r.op_type == "Sub" and r.inputs[0] == y and r.inputs[1] != y else None
+        if z is not None and z == round(z):
+            x = r.outputs[0]
+            cs = [c for c in graph.consumers(x) if _byte_conv(graph, c, int(z), dtype) and c.inputs[0] == x
+                  and x not in c.inputs[1:]]
+            convs += [(c, int(z)) for c in cs]
+            if len(cs) == len(graph.consumers(x)) and x not in graph.outputs:
+                continue                    # the centering is left unread
+        others.append(r)                    # reads Cast(q, float32) instead
     return convs, others
 
 
