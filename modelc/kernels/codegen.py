@@ -86,7 +86,7 @@ def packed_args(wl: Workload, x_arg: int, has_bias: bool, extra: list = ()) -> t
     args = ["out0", f"in{x_arg}", "w"] + (["bias"] if has_bias else [])
     args += [f"in{k}" for k in sorted(set(extra) | set(epilogue_inputs(wl.epilogue))) if k != x_arg]
     fixed = 3 + has_bias
-    dtypes = [np.float32] * fixed + [wl.inputs[int(a[2:])].dtype for a in args[fixed:]]
+    dtypes = [wl.outputs[0].dtype] + [np.float32] * (fixed - 1) + [wl.inputs[int(a[2:])].dtype for a in args[fixed:]]
     return args, dtypes
 
 

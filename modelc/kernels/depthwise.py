@@ -28,7 +28,7 @@ from .conv_geometry import conv_geometry
 from .expr import SUPPORTED
 from .layout import physical_shape, strides
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue, register
+from .template import Kernel, Template, epilogue, float_or_bytes_out, register
 from .workload import Workload
 
 OWT_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
@@ -61,7 +61,7 @@ class DepthwiseConv2d(Template):
             return False
         if len(a.args) > 2 and a.args[2] and not (a.args[2].startswith("i") and wl.spec(a.args[2]).const):
             return False
-        if x.dtype != np.float32 or w.dtype != np.float32 or out.dtype != np.float32:
+        if x.dtype != np.float32 or w.dtype != np.float32 or not float_or_bytes_out(wl):
             return False
         if out.layout[0] != x.layout[0] or c % x.layout[0]:
             return False

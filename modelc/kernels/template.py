@@ -377,6 +377,14 @@ def chain_ok(wl: Workload) -> bool:
         wl.outputs[0].shape == anchor_shape
 
 
+def float_or_bytes_out(wl: Workload) -> bool:
+    """A float32 output, or bytes cast by the epilogue's last op (the next quantized conv's input,
+    passes/byte_inputs.py): stored through the output's dtype."""
+    out, last = wl.outputs[0], wl.ops[-1]
+    return out.dtype == np.float32 or out.dtype in (np.dtype(np.uint8), np.dtype(np.int8)) and \
+        len(wl.ops) > 1 and last.op == "Cast" and wl.spec(last.args[0]).dtype == np.float32
+
+
 def _value_dtype(wl: Workload, ref: str, default) -> np.dtype:
     try:
         return wl.spec(ref).dtype

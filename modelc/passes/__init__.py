@@ -30,9 +30,10 @@ PIPELINE = [
     lower_norms,
     to_dense,
     scale_into_conv,
-    byte_inputs,
     eliminate_common_subexpressions,
     eliminate_dead_code,
+    byte_inputs,                # after CSE (which would merge its casts back to float into one) and
+    eliminate_dead_code,        # DCE (dead readers would look like readers)
 ]
 
 

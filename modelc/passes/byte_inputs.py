@@ -21,9 +21,15 @@ from .. import target
 from ..ir import Graph, Node
 from ..kernels.expr import SUPPORTED as ELEMENTWISE
 from ..kernels.int_dot import dot_form
+from .. import ops
+from ..ops import Kind
 from .util import integer_clip, scalar
 
 _BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
+
+
+def _kind(node: Node) -> Kind:
+    return ops.get(node.op_type).kind
 
 
 def _byte_conv(graph: Graph, node: Node, z: int, dtype) -> bool:
@@ -54,11 +60,34 @@ def _readers(graph: Graph, y: str, dtype):
             x = r.outputs[0]
             cs = [c for c in graph.consumers(x) if _byte_conv(graph, c, int(z), dtype) and c.inputs[0] == x
                   and x not in c.inputs[1:]]
-            convs += [(c, int(z)) for c in cs]
-            if len(cs) == len(graph.consumers(x)) and x not in graph.outputs:
+            if cs and (len(cs) < len(graph.consumers(x)) or x in graph.outputs):
+                # read by others too: widening the bytes back would be a kernel of its own (quantized
+                # ShuffleNetV2 QDQ ran 1.08x slower with three such)
+                return None
+            if cs:
+                convs += [(c, int(z)) for c in cs]
                 continue                    # the centering is left unread
         others.append(r)                    # reads Cast(q, float32) instead
     return convs, others
+
+
+def _stores_bytes(graph: Graph, clip: Node) -> bool:
+    """Whether the kernel computing `clip` can end in the cast to bytes: a quantized conv's epilogue
+    (conv2d_int8, depthwise, expand_depthwise_int8 store bytes) or an injective kernel; not a
+    pool's or a product's, whose templates store their anchor's type (a cast of its own would cost
+    more than the bytes save)."""
+    n = clip
+    while n is not None and n.op_type in ELEMENTWISE:
+        ins = [t for t in n.inputs if t and graph.value(t) is None]
+        if len(ins) != 1:
+            return True                     # elementwise of several tensors: an injective kernel
+        n = graph.producer(ins[0])
+    if n is None or _kind(n) <= Kind.INJECTIVE:
+        return True
+    if n.op_type != "Conv" or not n.attrs.get("exact", 0):
+        return False
+    g, c = int(n.attrs.get("group", 1)), graph.tensors[n.inputs[0]].shape[1]
+    return g == 1 or g == c == graph.tensors[n.outputs[0]].shape[1]
 
 
 def byte_inputs(graph: Graph) -> Graph:
@@ -81,14 +110,15 @@ def byte_inputs(graph: Graph) -> Graph:
             continue
         convs, others = found
         if q is None:
+            if not _stores_bytes(graph, node):
+                continue
             shape = graph.tensors[y].shape
             q = graph.add_tensor(graph.fresh_name(f"{y}_bytes"), shape, dtype).name
             graph.add_node(Node(graph.fresh_name(f"{node.name}_bytes"), "Cast", [y], [q], {"to": _ONNX[dtype]}))
-            if others:
+            for r in others:                # a cast each: it joins that reader's kernel
                 f = graph.add_tensor(graph.fresh_name(f"{y}_float"), shape, graph.tensors[y].dtype).name
                 graph.add_node(Node(graph.fresh_name(f"{node.name}_float"), "Cast", [q], [f], {"to": 1}))
-                for r in others:
-                    graph.replace_input(r, y, f)
+                graph.replace_input(r, y, f)
         for c, z in convs:
             graph.replace_input(c, c.inputs[0], q)
             c.attrs["x_zero"] = z
