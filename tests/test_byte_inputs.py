@@ -223,3 +223,11 @@ def test_a_centered_input_read_by_a_conv_and_a_residual():
         mod = modelc.compile(model)
     assert not mod.fallbacks
     np.testing.assert_array_equal(mod.run({"x": x})["y"], want)
+
+
+def test_the_pass_can_be_switched_off():
+    """As fuse_depthwise can: float32 tensors between quantized kernels, as before the pass."""
+    tg = _form("vnni")
+    with modelc.passes.byte_inputs.disabled():
+        assert set(_byte_convs(_qnet(), tg).values()) == {(None, "float32")}
+    assert (37, "uint8") in _byte_convs(_qnet(), tg).values()

@@ -15,6 +15,9 @@ Only where the CPU has an integer dot product (`int_dot.dot_form`): no other ker
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 
 from .. import target
@@ -90,8 +93,23 @@ def _stores_bytes(graph: Graph, clip: Node) -> bool:
     return g == 1 or g == c == graph.tensors[n.outputs[0]].shape[1]
 
 
+_DISABLED = contextvars.ContextVar("byte_inputs_disabled", default=False)
+
+
+@contextlib.contextmanager
+def disabled():
+    """Compile without this pass inside the block (float32 tensors between quantized kernels, as
+    before 2026-11-28): to measure what it brings (benchmarks/fusion.py --pass byte_inputs), or to
+    use tuning records written before it."""
+    token = _DISABLED.set(True)
+    try:
+        yield
+    finally:
+        _DISABLED.reset(token)
+
+
 def byte_inputs(graph: Graph) -> Graph:
-    if dot_form(target.current()) is None:
+    if _DISABLED.get() or dot_form(target.current()) is None:
         return graph
     for node in graph.topo():
         if node.name not in graph.nx or node.op_type not in ("Clip", "Cast"):
@@ -126,3 +144,4 @@ def byte_inputs(graph: Graph) -> Graph:
 
 
 _ONNX = {np.dtype(np.uint8): 2, np.dtype(np.int8): 3}
+byte_inputs.disabled = disabled        # modelc.passes.byte_inputs names this function, not the module
