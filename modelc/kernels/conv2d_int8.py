@@ -72,6 +72,14 @@ def pixel_bytes(channels: int, form) -> int:
     return -(-channels // form.per) * form.per * np.dtype(form.x_dtype).itemsize
 
 
+def dot_conv_fits(form, C: int, K: int, KH: int, KW: int, dilations, KB: int) -> bool:
+    """The shapes conv2d_int8 takes: a vector of output channels at least, int32 sums that cannot
+    overflow, a patch of one output pixel that fits MAX_PATCH, output blocks that tile its vectors."""
+    patch = ((KH - 1) * dilations[0] + 1) * ((KW - 1) * dilations[1] + 1) * pixel_bytes(C, form)
+    return K >= form.lanes and C * KH * KW <= MAX_TAPS and patch <= MAX_PATCH and \
+        (form.lanes % KB == 0 or KB % form.lanes == 0)
+
+
 def convert_patch(form, X: str, lo: int, rows: int, cols: int, blocks: int, cb: int, channels: int,
                   x_at: str, ind: str, names=("cb", "r", "cc"), zero: int = 0, inside: str | None = None) -> list:
     """Source converting a patch of rows x cols pixels of `X` (blocks of cb channels) into `buf`,
@@ -133,11 +141,7 @@ class Conv2dInt8(Template):
                 else get(self.alternative_to).matches(wl)):
             return False
         g = conv_geometry(wl)
-        lanes = form.lanes
-        cp = pixel_bytes(g.C, form)
-        patch = ((g.KH - 1) * g.dilations[0] + 1) * ((g.KW - 1) * g.dilations[1] + 1) * cp
-        return g.K >= lanes and g.C * g.KH * g.KW <= MAX_TAPS and patch <= MAX_PATCH and \
-            (lanes % g.KB == 0 or g.KB % lanes == 0)
+        return dot_conv_fits(form, g.C, g.K, g.KH, g.KW, g.dilations, g.KB)
 
     def preferred(self, wl: Workload) -> bool:
         """Two (int16) or four (VNNI) times the products per instruction of float32's FMAs, exactly:

@@ -23,7 +23,9 @@ import numpy as np
 from .. import target
 from ..ir import Graph, Node
 from ..kernels.expr import SUPPORTED as ELEMENTWISE
+from ..kernels.conv2d_int8 import dot_conv_fits
 from ..kernels.int_dot import dot_form
+from ..kernels.layout import choose_block
 from .. import ops
 from ..ops import Kind
 from .util import integer_clip, scalar
@@ -37,14 +39,18 @@ def _kind(node: Node) -> Kind:
 
 def _byte_conv(graph: Graph, node: Node, z: int, dtype) -> bool:
     """A 2-d quantized conv (exact, with x_min) over a centered input whose 8-bit values q give
-    x_min = the type's least value - z, with constant weights: what conv2d_int8 takes."""
+    x_min = the type's least value - z, with constant weights, of a shape conv2d_int8 takes (a
+    byte-reading conv that no template took would run on the numpy reference)."""
     a = node.attrs
     x_min = a.get("x_min")
-    x = graph.tensors[node.inputs[0]]
-    return node.op_type == "Conv" and bool(a.get("exact", 0)) and isinstance(x_min, int) and \
-        "x_zero" not in a and int(a.get("group", 1)) == 1 and x.shape is not None and len(x.shape) == 4 and \
-        x_min == int(np.iinfo(dtype).min) - z and graph.value(node.inputs[1]) is not None and \
-        a.get("auto_pad", "NOTSET") in ("NOTSET", b"NOTSET")
+    x, w = graph.tensors[node.inputs[0]], graph.value(node.inputs[1])
+    if node.op_type != "Conv" or not a.get("exact", 0) or not isinstance(x_min, int) or "x_zero" in a or \
+            int(a.get("group", 1)) != 1 or x.shape is None or len(x.shape) != 4 or w is None or w.ndim != 4 or \
+            x_min != int(np.iinfo(dtype).min) - z or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return False
+    k = w.shape[0]
+    return dot_conv_fits(dot_form(target.current()), x.shape[1], k, *w.shape[2:], a.get("dilations", [1, 1]),
+                         choose_block(k))
 
 
 def _readers(graph: Graph, y: str, dtype):
