@@ -43,8 +43,10 @@ def _byte_conv(graph: Graph, node: Node, z: int, dtype) -> bool:
     byte-reading conv that no template took would run on the numpy reference)."""
     a = node.attrs
     x_min = a.get("x_min")
+    if node.op_type != "Conv" or len(node.inputs) < 2:
+        return False
     x, w = graph.tensors[node.inputs[0]], graph.value(node.inputs[1])
-    if node.op_type != "Conv" or not a.get("exact", 0) or not isinstance(x_min, int) or "x_zero" in a or \
+    if not a.get("exact", 0) or not isinstance(x_min, int) or "x_zero" in a or \
             int(a.get("group", 1)) != 1 or x.shape is None or len(x.shape) != 4 or w is None or w.ndim != 4 or \
             x_min != int(np.iinfo(dtype).min) - z or a.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
         return False
