@@ -16,7 +16,7 @@ from modelc.kernels.workload import Workload
 from modelc.passes import optimize
 from modelc.target import Target
 
-from test_expand_depthwise_int8 import _form, qed_wl
+from test_expand_depthwise_int8 import _form, _inputs, qed_wl
 from test_kernels_conv2d_int8 import _knob_extremes, _run
 from workloads import conv2d_wl
 
@@ -41,25 +41,32 @@ def as_bytes(j: dict, dtype: str, z: int, to_bytes: bool = False) -> Workload:
 
 
 def _byte_inputs(wl, seed=0):
-    """Bytes over the whole range (both ends included), int8 weights, integer biases, small depthwise
-    weights, per-channel scales and float residuals as the workloads hold them."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for k, t in enumerate(wl.inputs):
-        if k == 0:
-            info = np.iinfo(t.dtype)
-            x = rng.integers(info.min, int(info.max) + 1, t.shape)
-            x.flat[:2] = [info.min, info.max]
-        elif t.const and len(t.shape) == 3:
-            x = rng.uniform(1e-4, 2e-3, t.shape)
-        elif t.const and len(t.shape) == 4:
-            x = rng.integers(-128, 128, t.shape)
-        elif t.const:
-            x = rng.integers(-3000, 3000, t.shape)
-        else:
-            x = rng.standard_normal(t.shape)
-        out.append(np.asarray(x, t.dtype))
-    return out
+    """test_expand_depthwise_int8's inputs (int8 weights, integer biases, per-channel scales, float
+    residuals), input 0 bytes over the whole range (both ends included)."""
+    ins = _inputs(wl, 0, seed)
+    info = np.iinfo(wl.inputs[0].dtype)
+    x = np.random.default_rng(seed).integers(info.min, int(info.max) + 1, wl.inputs[0].shape)
+    x.flat[:2] = [info.min, info.max]
+    return [x.astype(info.dtype)] + ins[1:]
+
+
+def _exact_on_bytes(wl, name: str, floats: str):
+    """The kernels of `name`'s default and two knob extremes for `wl`, which `name` takes and
+    `floats`, its float32 template, does not."""
+    tpl = select(wl)
+    assert tpl is get(name) and not get(floats).matches(wl)
+    space = tpl.space(wl)
+    default = tpl.default_config(wl, space)
+    return [tpl.build(wl, cfg) for cfg in [default] + _knob_extremes(space, default)[:2]]
+
+
+def _check(wl, kernels):
+    """Each kernel gives the reference's outputs exactly, in the output's dtype."""
+    ins = _byte_inputs(wl)
+    for kernel in kernels:
+        got, want = _run(wl, kernel, ins)
+        assert got[0].dtype == want[0].dtype == wl.outputs[0].dtype
+        np.testing.assert_array_equal(got[0], want[0])
 
 
 CONV_CASES = [  # (conv2d_wl case, byte type, x_zero): padding 1 and 3 (stride 2), no padding, dilation
@@ -78,16 +85,8 @@ def test_conv2d_int8_reads_bytes_exactly(case, dtype, z, to_bytes, form):
     """Default and knob extremes, against the reference's conv of q - z (padded with its zeros)."""
     with target.use(_form(form)):
         wl = as_bytes(conv2d_wl(**case).json, dtype, z, to_bytes)
-        tpl = select(wl)
-        assert tpl is get("conv2d_int8") and not get("conv2d").matches(wl)
-        space = tpl.space(wl)
-        default = tpl.default_config(wl, space)
-        kernels = [tpl.build(wl, cfg) for cfg in [default] + _knob_extremes(space, default)[:2]]
-    ins = _byte_inputs(wl)
-    for kernel in kernels:
-        got, want = _run(wl, kernel, ins)
-        assert got[0].dtype == want[0].dtype == wl.outputs[0].dtype
-        np.testing.assert_array_equal(got[0], want[0])
+        kernels = _exact_on_bytes(wl, "conv2d_int8", "conv2d")
+    _check(wl, kernels)
 
 
 ED_CASES = [(dict(c=16, k=96, h=14), "uint8", 9), (dict(c=24, k=144, h=9, w=11, s=2, per_channel=True), "int8", 3),
@@ -102,16 +101,9 @@ ED_CASES = [(dict(c=16, k=96, h=14), "uint8", 9), (dict(c=24, k=144, h=9, w=11, 
 def test_expand_depthwise_int8_reads_bytes_exactly(case, dtype, z, form):
     with target.use(_form(form)):
         wl = as_bytes(qed_wl(**case).json, dtype, z, to_bytes=True)
-        tpl = select(wl)
-        assert tpl is get("expand_depthwise_int8") and not get("expand_depthwise").matches(wl)
-        space = tpl.space(wl)
-        default = tpl.default_config(wl, space)
-        kernels = [tpl.build(wl, cfg) for cfg in [default] + _knob_extremes(space, default)[:2]]
-    ins = _byte_inputs(wl)
-    for kernel in kernels:
-        got, want = _run(wl, kernel, ins)
-        assert got[0].dtype == np.uint8
-        np.testing.assert_array_equal(got[0], want[0])
+        kernels = _exact_on_bytes(wl, "expand_depthwise_int8", "expand_depthwise")
+    assert wl.outputs[0].dtype == np.uint8
+    _check(wl, kernels)
 
 
 def test_only_templates_that_read_bytes_build_them():

@@ -32,7 +32,7 @@ from .conv_geometry import conv_geometry
 from .int_dot import dot_form
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue_inputs, get, register, source
-from .workload import Workload
+from .workload import BYTES, Workload
 
 MAX_PATCH = 64 << 10          # bytes of a tile's converted input patch (on the stack)
 MAX_TAPS = 65536              # C x KH x KW: 255 * 128 * this stays below 2^31 (int32 sums)
@@ -108,10 +108,10 @@ def convert_patch(form, X: str, lo: int, rows: int, cols: int, blocks: int, cb: 
     return body
 
 
-def read_as_bytes(wl: Workload) -> tuple[int, bool]:
-    """(x_zero, True) for a conv reading its input as bytes (passes/byte_inputs.py), else (0, False)."""
-    z = wl.anchor.attrs.get("x_zero")
-    return (z, True) if z is not None else (0, False)
+def byte_zero(wl: Workload) -> int | None:
+    """x_zero of a conv that reads its input as bytes (the conv of q - x_zero: passes/byte_inputs.py),
+    else None."""
+    return wl.anchor.attrs.get("x_zero")
 
 
 def in_bounds(row: str, col: str, h: int, w: int) -> str:
@@ -136,8 +136,7 @@ class Conv2dInt8(Template):
         form = dot_form(target.current())
         if a.op != "Conv" or form is None or x_min(wl) is None or not a.attr("exact", 0):
             return False
-        z, as_bytes = read_as_bytes(wl)
-        if not (blocked_conv(wl) and wl.spec(a.args[0]).dtype.itemsize == 1 if as_bytes
+        if not (blocked_conv(wl) and wl.spec(a.args[0]).dtype in BYTES if byte_zero(wl) is not None
                 else get(self.alternative_to).matches(wl)):
             return False
         g = conv_geometry(wl)
@@ -198,7 +197,7 @@ class Conv2dInt8(Template):
         conv = wl.anchor
         form = dot_form(target.current())
         lo = x_min(wl) if form.shifted else 0
-        z, as_bytes = read_as_bytes(wl)
+        z = byte_zero(wl)
         V, PER, XT = form.lanes, form.per, form.x_dtype
         OWT, m, TOH, G = cfg["tile_ow"], cfg["tile_oc_vectors"], cfg["tile_oh"], cfg["tiles_per_item"]
         KB, cb = g.KB, g.cb
@@ -236,9 +235,9 @@ class Conv2dInt8(Template):
                 f"    acc = carray(stack_empty({P * KT}, np.int32), {P * KT})",
                 # the patch as x - x_min (bytes) or x (int16), channels innermost (`per` a lane)
                 *convert_patch(form, X, lo, PR, PC, CBLK, cb, g.C, f"n * {x_n} + cb * {x_c} + (oh0 * {sh} + r + "
-                               f"{hin - ph}) * {x_h} + (ow0 * {sw} + cc + {hin - pw}) * {cb}", "    ", zero=z,
+                               f"{hin - ph}) * {x_h} + (ow0 * {sw} + cc + {hin - pw}) * {cb}", "    ", zero=z or 0,
                                inside=in_bounds(f"oh0 * {sh} + r - {ph}", f"ow0 * {sw} + cc - {pw}", g.H, g.W)
-                               if as_bytes and max(g.pads) else None)]
+                               if z is not None and max(g.pads) else None)]
         body += [f"    for ko in range(og * {G}, min({KO}, og * {G} + {G})):",
                  f"        ko0 = {shifted_start(f'ko * {TB}', KBLK, TB)}"]
         zero, dots, store = dot_tile(form, P, m, lambda p: f"xb{p} + co", KT, " " * 8, " " * 20)

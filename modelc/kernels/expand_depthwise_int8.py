@@ -20,14 +20,12 @@ import numpy as np
 from .. import target
 from .codegen import shifted_start
 from .conv2d_int8 import (MAX_PATCH, MAX_TAPS, convert_patch, dot_imports, dot_tile, in_bounds, int8_weights,
-                          pixel_bytes, read_as_bytes, x_min)
+                          pixel_bytes, byte_zero, x_min)
 from .expand_depthwise import ExpandDepthwise, Geometry, ring_stores, split, tile_channels
 from .int_dot import dot_form
 from .space import ConfigSpace
-from .template import get, register
-from .workload import Workload
-
-_BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
+from .template import float_or_bytes_out, get, register
+from .workload import BYTES, Workload
 
 
 @register
@@ -60,15 +58,14 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
     def types_ok(self, wl: Workload, d: int) -> bool:
         """Also an input read as bytes (`x_zero`), and an output cast to 8 bits at the end (the next
         quantized conv's input, passes/byte_inputs.py)."""
-        pw_, last = wl.ops[0], wl.ops[-1]
+        pw_ = wl.ops[0]
         x = wl.spec(pw_.args[0])
-        if "x_zero" in pw_.attrs:
-            ok = x.dtype in _BYTES
+        if byte_zero(wl) is not None:
+            ok = x.dtype in BYTES
         else:
             ok = x.dtype == np.float32 and max(pw_.attrs.get("pads", [0])) <= x.layout[1]
-        end = wl.spec(f"v{last.index}").dtype
         return ok and all(wl.spec(f"v{j}").dtype == np.float32 for j in range(len(wl.ops) - 1)) and \
-            (end == np.float32 or last.op == "Cast" and end in _BYTES) and wl.outputs[0].dtype == end
+            float_or_bytes_out(wl)
 
     def preferred(self, wl: Workload) -> bool:
         return get("conv2d_int8").preferred(wl)
@@ -96,7 +93,7 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
         input rows converted once, for all the item's channels."""
         form = dot_form(target.current())
         lo = x_min(wl) if form.shifted else 0
-        z, as_bytes = read_as_bytes(wl)
+        z = byte_zero(wl)
         V, PER, XT = form.lanes, form.per, form.x_dtype
         OWT, m = min(cfg["tile_ow"], g.W), cfg["tile_oc_blocks"]
         b, cb, KTW = g.b, g.cb, m * g.b
@@ -113,8 +110,9 @@ class ExpandDepthwiseInt8(ExpandDepthwise):
                 f"{p}acc = stack_empty({OWT * KTW}, np.int32)",
                 *convert_patch(form, X, lo, g.KH1, cols, CBI, cb, g.C, f"xn + ci * {xs[1]} + (r * {g.s1h} + kh1 + "
                                f"{g.hin - g.p1t}) * {xs[2]} + (c0 + {g.hin - g.p1l}) * {cb}", p, ("ci", "kh1", "c0"),
-                               zero=z, inside=in_bounds(f"r * {g.s1h} + kh1 - {g.p1t}", f"c0 - {g.p1l}", g.XH, g.XW)
-                               if as_bytes and (g.p1t or g.p1l or g.KH1 > 1 or g.KW1 > 1) else None),
+                               zero=z or 0, inside=in_bounds(f"r * {g.s1h} + kh1 - {g.p1t}", f"c0 - {g.p1l}",
+                                                             g.XH, g.XW)
+                               if z is not None and (g.p1t or g.p1l or g.KH1 > 1 or g.KW1 > 1) else None),
                 f"{p}for t in range({-(-g.W // OWT)}):",
                 f"{p}    w0 = {shifted_start(f't * {OWT}', g.W, OWT)}"]
         zero, dots, store = dot_tile(form, OWT, KTW // V, lambda q: f"np.uintp({q * g.s1w * CP}) + co", KTW,

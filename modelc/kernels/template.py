@@ -23,7 +23,7 @@ from .intrinsics import FASTMATH, FASTMATH_IN_ORDER, helpers
 from .layout import offset, uoffset
 from .offsets import share_offsets
 from .space import Config, ConfigSpace
-from .workload import Workload
+from .workload import BYTES, Workload
 
 _NB = {"float32": "float32", "float64": "float64", "int64": "int64", "int32": "int32",
        "bool": "boolean", "uint8": "uint8", "int8": "int8", "int16": "int16", "uint16": "uint16",
@@ -381,7 +381,7 @@ def float_or_bytes_out(wl: Workload) -> bool:
     """A float32 output, or bytes cast by the epilogue's last op (the next quantized conv's input,
     passes/byte_inputs.py): stored through the output's dtype."""
     out, last = wl.outputs[0], wl.ops[-1]
-    return out.dtype == np.float32 or out.dtype in (np.dtype(np.uint8), np.dtype(np.int8)) and \
+    return out.dtype == np.float32 or out.dtype in BYTES and \
         len(wl.ops) > 1 and last.op == "Cast" and wl.spec(last.args[0]).dtype == np.float32
 
 

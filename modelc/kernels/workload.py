@@ -11,6 +11,8 @@ import numpy as np
 
 from ..ir import Graph, Node
 
+BYTES = (np.dtype(np.uint8), np.dtype(np.int8))      # what a quantized conv may read (`x_zero`) and store
+
 
 @dataclass
 class TensorSpec:
@@ -125,7 +127,7 @@ class Workload:
         if "x_zero" in a.attrs:         # the input is read as bytes q, the conv is of q - x_zero
             z, x = a.attrs["x_zero"], a.args[0]
             dt = self.inputs[int(x[1:])].dtype if x.startswith("i") else None
-            if dt not in (np.dtype(np.uint8), np.dtype(np.int8)) or not isinstance(z, int) or \
+            if dt not in BYTES or not isinstance(z, int) or \
                     isinstance(z, bool) or low != int(np.iinfo(dt).min) - z:
                 return {}
             ranges[0] = (int(np.iinfo(dt).min), int(np.iinfo(dt).max))

@@ -15,10 +15,8 @@ Only where the CPU has an integer dot product (`int_dot.dot_form`): no other ker
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import numpy as np
+from onnx import helper
 
 from .. import target
 from ..ir import Graph, Node
@@ -28,9 +26,8 @@ from ..kernels.int_dot import dot_form
 from ..kernels.layout import choose_block
 from .. import ops
 from ..ops import Kind
-from .util import integer_clip, scalar
-
-_BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
+from ..kernels.workload import BYTES
+from .util import Switch, integer_clip, scalar
 
 
 def _kind(node: Node) -> Kind:
@@ -101,23 +98,18 @@ def _stores_bytes(graph: Graph, clip: Node) -> bool:
     return g == 1 or g == c == graph.tensors[n.outputs[0]].shape[1]
 
 
-_DISABLED = contextvars.ContextVar("byte_inputs_disabled", default=False)
+_SWITCH = Switch("byte_inputs")
 
 
-@contextlib.contextmanager
 def disabled():
     """Compile without this pass inside the block (float32 tensors between quantized kernels, as
     before 2026-11-28): to measure what it brings (benchmarks/fusion.py --pass byte_inputs), or to
     use tuning records written before it."""
-    token = _DISABLED.set(True)
-    try:
-        yield
-    finally:
-        _DISABLED.reset(token)
+    return _SWITCH.disabled()
 
 
 def byte_inputs(graph: Graph) -> Graph:
-    if _DISABLED.get() or dot_form(target.current()) is None:
+    if _SWITCH.off or dot_form(target.current()) is None:
         return graph
     for node in graph.topo():
         if node.name not in graph.nx or node.op_type not in ("Clip", "Cast"):
@@ -125,11 +117,11 @@ def byte_inputs(graph: Graph) -> Graph:
         y = node.outputs[0]
         if node.op_type == "Cast":          # bytes already (a model's uint8 input, widened)
             q, dtype = node.inputs[0], graph.tensors[node.inputs[0]].dtype
-            if dtype not in _BYTES or graph.tensors[y].dtype != np.float32:
+            if dtype not in BYTES or graph.tensors[y].dtype != np.float32:
                 continue
         else:
             rng = integer_clip(graph, node)
-            q, dtype = None, next((d for d in _BYTES if rng is not None and np.iinfo(d).min <= rng[0]
+            q, dtype = None, next((d for d in BYTES if rng is not None and np.iinfo(d).min <= rng[0]
                                    and rng[1] <= np.iinfo(d).max), None)
         found = _readers(graph, y, dtype) if dtype is not None and y not in graph.outputs else None
         if not found or not found[0]:
@@ -140,7 +132,8 @@ def byte_inputs(graph: Graph) -> Graph:
                 continue
             shape = graph.tensors[y].shape
             q = graph.add_tensor(graph.fresh_name(f"{y}_bytes"), shape, dtype).name
-            graph.add_node(Node(graph.fresh_name(f"{node.name}_bytes"), "Cast", [y], [q], {"to": _ONNX[dtype]}))
+            to = helper.np_dtype_to_tensor_dtype(dtype)
+            graph.add_node(Node(graph.fresh_name(f"{node.name}_bytes"), "Cast", [y], [q], {"to": to}))
             for r in others:                # a cast each: it joins that reader's kernel
                 f = graph.add_tensor(graph.fresh_name(f"{y}_float"), shape, graph.tensors[y].dtype).name
                 graph.add_node(Node(graph.fresh_name(f"{node.name}_float"), "Cast", [q], [f], {"to": 1}))
@@ -151,5 +144,4 @@ def byte_inputs(graph: Graph) -> Graph:
     return graph
 
 
-_ONNX = {np.dtype(np.uint8): 2, np.dtype(np.int8): 3}
 byte_inputs.disabled = disabled        # modelc.passes.byte_inputs names this function, not the module

@@ -20,16 +20,14 @@ because kernels are generated for them and they are part of the workload.
 from __future__ import annotations
 
 import networkx as nx
-import numpy as np
 
 from .. import ops
 from ..ir import Graph, Node
 from ..kernels.expr import SUPPORTED as EPILOGUE_OPS
+from ..kernels.workload import BYTES
 from ..ops import Kind
 from ..ops.internal import CONVS
 from .util import only_consumer
-
-_BYTES = (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def _kind(node: Node) -> Kind:
@@ -74,7 +72,7 @@ def _anchor_allow(graph: Graph, shape, dtype, anchor: Node | None = None):
         k = _kind(node)
         out = graph.tensors[node.outputs[0]]
         return k <= Kind.BROADCAST and node.op_type in EPILOGUE_OPS and out.shape == shape and \
-            (out.dtype == dtype or to_bytes and node.op_type == "Cast" and out.dtype in _BYTES and
+            (out.dtype == dtype or to_bytes and node.op_type == "Cast" and out.dtype in BYTES and
              any("x_zero" in c.attrs for c in graph.consumers(out.name)))
     return allow
 

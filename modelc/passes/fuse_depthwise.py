@@ -14,9 +14,6 @@ tensor, the block's largest, never leaves the cache. A pair is fused when
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import numpy as np
 
 from .. import target
@@ -25,21 +22,16 @@ from ..ir import Graph, Node
 from ..kernels.layout import physical_size
 from ..kernels.template import get
 from ..kernels.workload import Workload
-from .util import only_consumer
+from .util import Switch, only_consumer
 
 
-_DISABLED = contextvars.ContextVar("fuse_depthwise_disabled", default=False)
+_SWITCH = Switch("fuse_depthwise")
 
 
-@contextlib.contextmanager
 def disabled():
-    """Compile without this fusion inside the block (as TVM's PassContext(disabled_pass=...)): to
-    measure what it brings (benchmarks/fusion.py), or to use tuning records of the unfused groups."""
-    token = _DISABLED.set(True)
-    try:
-        yield
-    finally:
-        _DISABLED.reset(token)
+    """Compile without this fusion inside the block: to measure what it brings
+    (benchmarks/fusion.py), or to use tuning records of the unfused groups."""
+    return _SWITCH.disabled()
 
 
 def _anchor(node: Node) -> Node | None:
@@ -99,7 +91,7 @@ def _merge(graph: Graph, a: Node, b: Node, t: str) -> Node | None:
 
 
 def fuse_expand_depthwise(graph: Graph) -> Graph:
-    if _DISABLED.get():
+    if _SWITCH.off:
         return graph
     tpl, int8 = get("expand_depthwise"), get("expand_depthwise_int8")
     for a in graph.topo():

@@ -1,9 +1,32 @@
 """Small queries the rewrite passes share."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 
 from ..ir import Graph, Node
+
+
+class Switch:
+    """A pass that can be switched off for a block, as TVM's PassContext(disabled_pass=...): to
+    measure what it brings, or to use tuning records of the groups it did not form."""
+
+    def __init__(self, name: str):
+        self._disabled = contextvars.ContextVar(f"{name}_disabled", default=False)
+
+    @property
+    def off(self) -> bool:
+        return self._disabled.get()
+
+    @contextlib.contextmanager
+    def disabled(self):
+        token = self._disabled.set(True)
+        try:
+            yield
+        finally:
+            self._disabled.reset(token)
 
 
 def only_consumer(graph: Graph, tensor: str) -> Node | None:
