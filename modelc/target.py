@@ -27,6 +27,9 @@ _FMA = {"znver1": (2, 5), "znver": (2, 4), "skylake": (2, 4), "cascadelake": (2,
         "icelake": (2, 4), "sapphirerapids": (2, 4), "emeraldrapids": (2, 4),
         "graniterapids": (2, 4), "haswell": (2, 5), "broadwell": (2, 5)}
 _DEFAULT_FMA = (2, 4)
+# LLVM CPU name prefixes whose FMA pipes are narrower than their vectors: Zen 4 runs each 512-bit
+# FMA on both of its 256-bit pipes, so it issues one a cycle where Intel's AVX-512 cores issue two
+_HALF_WIDTH_FMA = {"znver4": 256}
 # Cache sizes when the OS does not say (bytes): a small modern core.
 _DEFAULT_CACHES = (32 << 10, 1 << 20, 32 << 20)
 RESERVED_REGISTERS = 4      # vector registers a register tile leaves for operands and broadcasts
@@ -42,6 +45,7 @@ class Target:
     vector_registers: int       # architectural vector registers (32 with AVX-512, 16 with AVX2)
     fma_pipes: int              # vector FMAs issued per cycle
     fma_latency: int            # cycles before an FMA's result can be used
+    fma_bits: int               # width of one FMA pipe (256 on Zen 4 under 512-bit vectors)
     l1d_bytes: int              # per core
     l2_bytes: int               # per core
     l3_bytes: int               # shared
@@ -56,6 +60,12 @@ class Target:
     def max_tile_vectors(self) -> int:
         """Accumulator vectors a register tile may hold without spilling."""
         return self.vector_registers - RESERVED_REGISTERS
+
+    @property
+    def flops_per_cycle(self) -> int:
+        """float32 FLOPs one core completes a cycle at its FMA peak: 64 on Intel's AVX-512 server
+        cores, 32 on AMD Zen 4 (512-bit FMAs on 256-bit pipes) and on AVX2 machines."""
+        return 2 * self.fma_pipes * min(self.vector_bits, self.fma_bits) // 32
 
     @property
     def accumulators_in_flight(self) -> int:
@@ -80,6 +90,15 @@ class Target:
         broadcast). Elsewhere (AVX2) each broadcast is an instruction of its own on the load ports,
         so a register tile wants two vectors of outputs per broadcast input, or the loads bound it."""
         return "avx512f" in self.isa
+
+    @property
+    def vectors_per_broadcast(self) -> int:
+        """Output vectors a register tile wants per broadcast input: two where a broadcast is an
+        instruction of its own (AVX2), or where two vector FMAs issue a cycle and a broadcast
+        operand on every one of them would take as many loads (Intel's AVX-512 cores); one where a
+        core issues one FMA of its vectors a cycle (AMD Zen 4's 512-bit FMAs)."""
+        wide = self.fma_pipes * min(self.vector_bits, self.fma_bits) // self.vector_bits
+        return 2 if not self.broadcast_in_fma or wide >= 2 else 1
 
     @property
     def converts_half(self) -> bool:
@@ -115,7 +134,7 @@ class Target:
 
     def describe(self) -> str:
         return (f"{self.cpu} ({self.llvm_cpu}): {self.vector_bits}-bit vectors x {self.vector_registers} "
-                f"registers, {self.fma_pipes} FMA pipes, L1d {self.l1d_bytes >> 10} KiB, "
+                f"registers, {self.fma_pipes} FMA pipes of {self.fma_bits} bits, L1d {self.l1d_bytes >> 10} KiB, "
                 f"L2 {self.l2_bytes >> 10} KiB, L3 {self.l3_bytes >> 20} MiB, {self.threads} threads")
 
     def to_json(self) -> dict:
@@ -138,10 +157,11 @@ class Target:
         else:
             bits, regs = 128, 16
         pipes, latency = next((v for k, v in _FMA.items() if llvm_cpu.startswith(k)), _DEFAULT_FMA)
+        fma_bits = next((v for k, v in _HALF_WIDTH_FMA.items() if llvm_cpu.startswith(k)), bits)
         l1, l2, l3 = caches or _DEFAULT_CACHES
         return cls(cpu=cpu or llvm_cpu, llvm_cpu=llvm_cpu, isa=isa, vector_bits=bits, vector_registers=regs,
-                   fma_pipes=pipes, fma_latency=latency, l1d_bytes=int(l1), l2_bytes=int(l2),
-                   l3_bytes=int(l3), threads=int(threads))
+                   fma_pipes=pipes, fma_latency=latency, fma_bits=min(fma_bits, bits), l1d_bytes=int(l1),
+                   l2_bytes=int(l2), l3_bytes=int(l3), threads=int(threads))
 
     @classmethod
     def host(cls, threads: int | None = None) -> "Target":

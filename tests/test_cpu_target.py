@@ -33,6 +33,18 @@ def test_fma_pipes_by_microarchitecture():
     assert Target.from_features("some-future-cpu", AVX2).accumulators_in_flight == 8
 
 
+def test_fma_width_sets_the_peak_and_the_vectors_per_broadcast():
+    """Zen 4 runs 512-bit FMAs on 256-bit pipes: half the FLOPs a cycle of Intel's AVX-512 cores,
+    whose two full-width FMAs a cycle want two vectors per broadcast, as AVX2's broadcasts do."""
+    zen4, spr = Target.from_features("znver4", AVX512), Target.from_features("sapphirerapids", AVX512)
+    zen3 = Target.from_features("znver3", AVX2)
+    assert (zen4.flops_per_cycle, spr.flops_per_cycle, zen3.flops_per_cycle) == (32, 64, 32)
+    assert (zen4.vectors_per_broadcast, spr.vectors_per_broadcast, zen3.vectors_per_broadcast) == (1, 2, 2)
+    # compiled for AVX2 on a Zen 4 host: 256-bit vectors on 256-bit pipes
+    avx2_on_zen4 = Target.from_features("znver4", AVX2)
+    assert (avx2_on_zen4.fma_bits, avx2_on_zen4.flops_per_cycle) == (256, 32)
+
+
 def test_host_matches_what_llvm_says_and_records_store():
     import llvmlite.binding as llvm
     t = Target.host()

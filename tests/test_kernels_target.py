@@ -12,6 +12,9 @@ from modelc.target import Target
 
 AVX2 = Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads=2)
 AVX512 = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl", threads=2)
+# Intel Sapphire Rapids: AVX-512 on two full-width FMA pipes (twice Zen 4's FLOPs a cycle), L2 2 MiB
+SPR = Target.from_features("sapphirerapids", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl,+avx512vnni,+amx-tile",
+                           threads=2, caches=(48 << 10, 2 << 20, 105 << 20))
 
 
 def conv(C, H, K, k=3, s=1, p=1, group=1, layout=True):
@@ -89,6 +92,21 @@ def test_conv2d_default_on_avx512_is_the_tuned_one():
     assert (cfg["tile_ow"], cfg["tile_oc_blocks"]) == (14, 2)
     _, cfg = default(conv(64, 56, 64), "conv2d", AVX2)
     assert cfg["tile_ow"] * cfg["tile_oc_blocks"] * 16 // 8 <= 12 and cfg["tile_ow"] < 14
+
+
+def test_conv2d_default_on_two_full_width_fma_pipes_takes_two_vectors_per_pixel():
+    """Where two 512-bit FMAs issue a cycle (Intel's AVX-512 cores), each with a broadcast operand,
+    a pixel takes two vectors of output channels: ResNet-50's and MobileNetV2's 1x1 and 3x3 convs
+    tuned on a Xeon (Sapphire Rapids class) kept 2-4 blocks per pixel in 20 of 24 tasks, and 7 x 2 ran
+    0.67-0.8 of 14 x 1's time (docs/performance.md). Zen 4 keeps one vector."""
+    for C, H, K, k in [(256, 56, 64, 1), (1024, 14, 256, 1), (256, 14, 256, 3), (512, 7, 512, 3)]:
+        with target.use(SPR):
+            sp, cfg = default(conv(C, H, K, k, p=k // 2), "conv2d", SPR)
+        assert cfg["tile_oc_blocks"] * choose_block(K) == 32 and sp.is_valid(cfg), (C, H, K, k, cfg)
+        assert SPR.accumulators_in_flight <= cfg["tile_ow"] * cfg["tile_oh"] * 2 <= SPR.max_tile_vectors
+        with target.use(AVX512):
+            _, cfg = default(conv(C, H, K, k, p=k // 2), "conv2d", AVX512)
+        assert cfg["tile_oc_blocks"] * choose_block(K) == 16, (C, H, K, k, cfg)
 
 
 @pytest.mark.parametrize("tg,want", [("avx512", (7, 3)), ("avx2", (3, 3))])
@@ -222,6 +240,17 @@ def test_untuned_winograd_stops_where_its_weights_outgrow_the_cache():
         assert wino.preferred(conv(2048, 14, 512))
 
 
+def test_untuned_winograd_needs_more_tiles_where_the_direct_conv_has_more_flops():
+    """Winograd saves multiplies but not its transforms' loads and stores: on a core of twice Zen
+    4's FLOPs a cycle the direct conv over 16 tiles (14x14) ran 0.71-0.8 of Winograd's time
+    (ResNet-18's and ResNet-50's 256 -> 256, Xeon), while over 49 (28x28) Winograd still won."""
+    wino = template.get("conv2d_winograd")
+    for tg, on_14 in ((AVX512, True), (AVX2, True), (SPR, False)):
+        with target.use(tg):
+            assert wino.preferred(conv(256, 14, 256)) == on_14, tg.llvm_cpu
+            assert wino.preferred(conv(128, 28, 128)), tg.llvm_cpu
+
+
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "transformer"])
 def test_defaults_are_within_their_spaces(name):
     """Every template's default for the example models' tasks, on both targets, is a config its
@@ -230,7 +259,7 @@ def test_defaults_are_within_their_spaces(name):
     from modelc.extract import extract_tasks
     model = models.build(name)
     shapes = {i.name: [d.dim_value or 1 for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
-    for tg in (AVX2, AVX512):
+    for tg in (AVX2, AVX512, SPR):
         with target.use(tg):
             for t in extract_tasks(model, shape=shapes):
                 for tpl in map(template.get, [t.template, *t.alternatives]):

@@ -171,11 +171,13 @@ class Conv2d(Template):
         tg = target.current()
         # as many output channels per pixel as one vector holds (at least one block), two vectors
         # where every broadcast input costs a load of its own (AVX2: a 1x1 conv 192 -> 32 on 28x28
-        # ran 0.056 ms with 7 pixels x 1 vector, 0.049 with 4 x 2; onnxruntime 0.052), among the
+        # ran 0.056 ms with 7 pixels x 1 vector, 0.049 with 4 x 2; onnxruntime 0.052) or where two
+        # full-width FMAs issue a cycle, each with its broadcast (Xeon, Sapphire Rapids class: 24
+        # conv tasks of ResNet-50 ran 0.71-1.03 of 14 x 1's time with 7 x 2, 0.93 weighted), among the
         # block counts whose last tile recomputes little: 24 channels in blocks of 8 are 3 blocks, and
         # tiles of 2 computed a fourth (1x1 convs 144 -> 24 on 56x56 ran 0.78-0.86 of their time with
         # 3 blocks per tile, AVX2 and AVX-512 alike)
-        per_pixel = tg.lanes(4) * (1 if tg.broadcast_in_fma else 2)
+        per_pixel = tg.lanes(4) * tg.vectors_per_broadcast
         if per_pixel > tg.lanes(4) and g.C * g.KH * g.KW * per_pixel * 4 > tg.l2_bytes:
             # ... unless a tile's weights then outgrow the L2 and stream from the L3 for every tile:
             # one vector over more pixels loads them half as often (AVX2, a 3x3 conv 2048 -> 256 on

@@ -226,7 +226,7 @@ class ExpandDepthwise(Template):
         g = Geometry(wl, d)
         tg = target.current()
         lanes = tg.lanes(4)
-        per_pixel = lanes * (1 if tg.broadcast_in_fma else 2)
+        per_pixel = lanes * tg.vectors_per_broadcast
         blocks = g.K // g.b
         # among the block counts whose last tile recomputes little, as conv2d's default
         ms = [m for m in space.knobs[1].values if m * g.b <= per_pixel and -(-blocks // m) * m <= 1.25 * blocks] \

@@ -67,7 +67,8 @@ MATRICES = {
             AT=[[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
 }
 TT_CANDIDATES = [1, 2, 3, 4, 6, 8, 12, 16]
-PREFERRED_TILES = 16            # 4 x 4 output tiles per image from which untuned modules run Winograd
+PREFERRED_TILES = 16            # 4 x 4 output tiles per image from which untuned modules run Winograd,
+PREFERRED_AT_FLOPS = 32         # ... on cores of 32 float32 FLOPs a cycle, more in proportion above
 PREFERRED_CHANNELS = 16
 PREFERRED_WEIGHTS_L3 = 3        # ... and while the transformed weights fit in 3 L3s (the docstring),
 PREFERRED_WEIGHTS_L3_WIDE = 6   # 6 from WIDE_TILES tiles up
@@ -167,9 +168,11 @@ class Conv2dWinograd(Template):
         g = conv_geometry(wl)
         if padding_share(g) > BOUNDED_TAPS:
             return False
-        weights = 36 * g.C * g.K * 4 / target.current().l3_bytes
+        tg = target.current()
+        weights = 36 * g.C * g.K * 4 / tg.l3_bytes
         tiles = _tiles(g, 4)[2]
-        return tiles >= PREFERRED_TILES and min(g.C, g.K) >= PREFERRED_CHANNELS and \
+        least = PREFERRED_TILES * max(1.0, tg.flops_per_cycle / PREFERRED_AT_FLOPS)
+        return tiles >= least and min(g.C, g.K) >= PREFERRED_CHANNELS and \
             weights <= (PREFERRED_WEIGHTS_L3_WIDE if tiles >= WIDE_TILES else PREFERRED_WEIGHTS_L3)
 
     def space(self, wl: Workload) -> ConfigSpace:
