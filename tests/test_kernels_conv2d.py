@@ -203,3 +203,27 @@ def test_tiles_skip_the_taps_that_read_padding(case):
     ordinary = conv2d_wl(C=16, H=14, W=14, K=32, k=3, s=1, p=1, hin=1, hout=1)
     assert padding_share(conv_geometry(ordinary)) < BOUNDED_TAPS
     assert "khl" not in tpl.build(ordinary, tpl.default_config(ordinary, tpl.space(ordinary))).source
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_passes_over_input_channels_give_the_same_sums(k):
+    """c_chunk: the tiles of an output-channel tile run over a share of the input channels at a
+    time, their sums waiting on the stack between passes; every pass count and tile gives the
+    outputs of one pass (with the epilogue's residual add after the last pass only)."""
+    wl = conv2d_wl(C=64, H=6, W=8, K=48, k=k, s=1, p=k // 2, hin=k // 2, hout=1, residual=True)
+    tpl = template.select(wl)
+    space = tpl.space(wl)
+    chunks = [c for c in space.knobs[-1].values if c]
+    assert space.knobs[-1].name == "c_chunk" and chunks
+    default = tpl.default_config(wl, space).values
+    ran = 0
+    for c in chunks:
+        for owt, oh in ((4, 1), (2, 2), (8, 1)):
+            cfg = space.from_values(dict(default, c_chunk=c, tile_ow=owt, tile_oh=oh, tile_oc_blocks=1))
+            if space.is_valid(cfg):
+                got, want, _, _ = testing.run(wl, tpl, cfg)
+                assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+                ran += 1
+    assert ran >= len(chunks)
+    # tiles that would overlap (shifted back at the row's end) never pass over the channels
+    assert not space.is_valid(space.from_values(dict(default, c_chunk=chunks[0], tile_ow=3)))

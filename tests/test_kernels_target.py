@@ -109,6 +109,21 @@ def test_conv2d_default_on_two_full_width_fma_pipes_takes_two_vectors_per_pixel(
         assert cfg["tile_oc_blocks"] * choose_block(K) == 16, (C, H, K, k, cfg)
 
 
+def test_conv2d_passes_over_input_channels_where_the_fmas_outrun_the_l2():
+    """On twice Zen 4's FLOPs a cycle, a tile whose weights outgrow half the L1 passes over the
+    input channels in shares whose weights fit it (3x3: one block of 16; 1x1: 8 blocks), if its
+    output-channel tiles still share evenly among the threads; Zen 4 and AVX2 keep one pass."""
+    def chunk(tg, *shape):
+        with target.use(tg):
+            wl = conv(*shape, p=shape[3] // 2)
+            return default(wl, "conv2d", tg)[1]["c_chunk"]
+    assert chunk(SPR, 512, 7, 512, 3) == 1 and chunk(SPR, 1024, 14, 256, 1) == 8
+    assert chunk(SPR, 64, 28, 128, 1) == 0            # 8 KiB of weights a tile: one pass
+    assert chunk(SPR, 960, 7, 160, 1) == 0            # 5 tiles on 2 threads
+    for tg in (AVX512, AVX2):
+        assert chunk(tg, 512, 7, 512, 3) == 0 and chunk(tg, 1024, 14, 256, 1) == 0
+
+
 @pytest.mark.parametrize("tg,want", [("avx512", (7, 3)), ("avx2", (3, 3))])
 def test_conv2d_default_tiles_three_blocks_whole(tg, want):
     """24 output channels are three blocks of 8: a tile of two blocks computed a fourth in its last

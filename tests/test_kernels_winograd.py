@@ -165,14 +165,23 @@ def test_compile_takes_the_faster_algorithm_of_a_workload(tmp_path, faster):
     assert "1 of 1" in best.summary
 
 
-@pytest.mark.parametrize("hw,want", [(20, "conv2d_winograd"), (13, "conv2d_winograd"), (12, "conv2d"),
-                                     (7, "conv2d")])
-def test_without_records_compile_runs_winograd_where_it_always_won(tmp_path, hw, want):
-    """Untuned, outputs of at least 16 tiles of 4x4 (13 x 13 and up) run Winograd, smaller ones the
-    direct conv; either agrees with the reference."""
+@pytest.mark.parametrize("hw,fma_bits,want", [(20, 256, "conv2d_winograd"), (13, 256, "conv2d_winograd"),
+                                              (12, 256, "conv2d"), (7, 256, "conv2d"), (20, 512, "conv2d"),
+                                              (24, 512, "conv2d_winograd")])
+def test_without_records_compile_runs_winograd_where_it_always_won(tmp_path, hw, fma_bits, want):
+    """Untuned, on cores of 32 FLOPs a cycle (Zen 4's 512-bit FMAs on 256-bit pipes, AVX2) outputs
+    of at least 16 tiles of 4x4 (13 x 13 and up) run Winograd, smaller ones the direct conv; on
+    twice that (AVX-512 on full-width pipes) 32 tiles (21 x 21 and up); either agrees with the
+    reference."""
+    import dataclasses
+    from modelc import target
     path = str(tmp_path / "m.onnx")
     _model(path, hw)
-    mod = modelc.compile(path)
+    tg = target.current()
+    with target.use(dataclasses.replace(tg, fma_bits=min(fma_bits, tg.vector_bits), vector_bits=512)):
+        if target.current().flops_per_cycle != 2 * tg.fma_pipes * fma_bits // 32:
+            pytest.skip("the host's FMA pipes")
+        mod = modelc.compile(path)
     assert [s["template"] for s in mod.program["steps"] if s["pattern"].startswith("conv")] == [want]
     x = np.random.default_rng(1).standard_normal((1, 16, hw, hw)).astype(np.float32)
     ref = modelc.reference.run(modelc.from_onnx(path), {"x": x})["y"]
@@ -183,7 +192,7 @@ def test_a_record_of_the_direct_conv_alone_does_not_replace_untuned_winograd(tmp
     """A log that never measured Winograd (one from before untuned modules ran it) says nothing
     against it: the module keeps Winograd's default; with a Winograd record too, the faster wins."""
     path = str(tmp_path / "m.onnx")
-    _model(path)
+    _model(path, 28)            # 49 tiles: untuned Winograd on every target
     (task,) = [t for t in extract_tasks(path) if t.pattern.startswith("conv")]
     target = R.current_target()
     wl = Workload(task.workload)

@@ -28,6 +28,8 @@ from .workload import Workload
 
 OWT_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 28]
 BOUNDED_TAPS = 0.25       # a share of (output pixel, tap) reads in the padding from which tiles skip them
+PASS_FLOATS = 32 << 10    # the sums an output-channel tile keeps on the stack between passes (128 KiB)
+PASS_AT_FLOPS = 64        # untuned kernels pass over the input channels on cores of this many FLOPs a cycle
 
 
 def _axes(g):
@@ -147,6 +149,14 @@ class Conv2d(Template):
         sp.define_reorder("reduction_order", ["c", "kh", "kw"],
                           candidates=[["c", "kh", "kw"], ["kh", "c", "kw"]])
         sp.define_annotate("unroll_kw", [False, True])
+        # input-channel blocks per pass (0: all in one): each pass runs every tile of an output-channel
+        # tile over its share of the input channels, so that share's weights are read from the L1
+        # by every pixel, and the tiles' sums wait on the stack between passes (oneDNN's blocking
+        # of the reduction). Only over outputs small enough for the stack, tiled whole.
+        cblk = g.C // g.cb
+        sp.define_knob("c_chunk", [0] + [c for c in (1, 2, 4, 8, 16) if c < cblk and cblk % c == 0]
+                       if g.N == 1 and g.OH * g.OW * g.KB <= PASS_FLOATS and padding_share(g) <= BOUNDED_TAPS
+                       else [0], absent=0)
         kb = g.KB
         # a knob that changes nothing for this workload keeps only its first value: over a 1x1
         # filter both reduction orders and both unroll_kw are one kernel, and half of MobileNetV2's
@@ -157,6 +167,9 @@ class Conv2d(Template):
 
         def valid(cfg):
             if order_moot and cfg["reduction_order"][0] != "c" or unroll_moot and cfg["unroll_kw"]:
+                return False
+            if cfg["c_chunk"] and (g.OW % cfg["tile_ow"] or g.OH % cfg["tile_oh"] or blocks % cfg["tile_oc_blocks"]
+                                   or g.OH * g.OW * cfg["tile_oc_blocks"] * kb > PASS_FLOATS):
                 return False
             # (tile_fits: registers for the tile's accumulators, weight vectors and broadcast)
             return tg.tile_fits(cfg["tile_ow"] * cfg["tile_oh"], -(-cfg["tile_oc_blocks"] * kb // lanes))
@@ -190,12 +203,27 @@ class Conv2d(Template):
             return self._skipping_default(g, space, m, tg)
         vectors = -(-m * g.KB // tg.lanes(4))               # accumulator vectors per pixel
         want = -(-max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // vectors)
-        rest = {"tile_oc_blocks": m, "tile_oh": 1, "reduction_order": ["c", "kh", "kw"], "unroll_kw": False}
+        rest = {"tile_oc_blocks": m, "tile_oh": 1, "reduction_order": ["c", "kh", "kw"], "unroll_kw": False,
+                "c_chunk": 0}
         owts = [t for t in space.knobs[0].values if t * vectors <= tg.max_tile_vectors
                 and space.is_valid(space.from_values({"tile_ow": t, **rest}))] or space.knobs[0].values[:1]
         waste = row_waste(g.OW)
         best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
-        return space.from_values({"tile_ow": best, **rest})
+        cfg = space.from_values({"tile_ow": best, **rest})
+        items = g.N * -(-blocks // m)                   # with passes, one per output-channel tile
+        per_block = g.cb * g.KH * g.KW * m * g.KB * 4   # a tile's weights for one input-channel block
+        if tg.flops_per_cycle >= PASS_AT_FLOPS and per_block * (g.C // g.cb) > tg.l1d_bytes // 2 and \
+                -(-items // tg.threads) * tg.threads <= 1.125 * items:
+            # where the FMAs would outrun the L2's supply of a tile's weights, passes whose weights
+            # take at most half the L1, if the tiles still share evenly among the threads: on a Xeon
+            # (Sapphire Rapids class) ResNet-18's 3x3 convs on 14x14 and 7x7 ran 0.85-0.95 of one
+            # pass's time with passes of 16 channels, ResNet-50's and MobileNetV2's 1x1 convs on 14x14
+            # and 7x7 0.81-0.95 with 64-128; 5 tiles on 2 threads ran 1.07 (docs/performance.md)
+            fits = [c for c in space.knobs[-1].values if c and c * per_block <= tg.l1d_bytes // 2
+                    and space.is_valid(space.from_values(dict(cfg.values, c_chunk=c)))]
+            if fits:
+                cfg = space.from_values(dict(cfg.values, c_chunk=max(fits)))
+        return cfg
 
     @staticmethod
     def _skipping_default(g, space, m0, tg):
@@ -210,7 +238,7 @@ class Conv2d(Template):
         2 x 4 x 1 (AVX2's count, 8, is both pipes' minimum: its tiles are as before)."""
         lanes = tg.lanes(4)
         want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight)
-        rest = {"reduction_order": ["c", "kh", "kw"], "unroll_kw": False}
+        rest = {"reduction_order": ["c", "kh", "kw"], "unroll_kw": False, "c_chunk": 0}
         cands = []
         for ow, m, oh in itertools.product(*(k.values for k in space.knobs[:3])):
             cfg = space.from_values({"tile_ow": ow, "tile_oc_blocks": m, "tile_oh": oh, **rest})
@@ -251,16 +279,34 @@ class Conv2d(Template):
         # would pass the end of a row or column is shifted back (recomputing, never branching in
         # the reduction)
         item = ParallelItem()
-        body = [item.loop(g.N * KO * NR * NT),
-                *item.take("t", NT),
-                *item.take("rt", NR),
-                f"    oh0 = {shifted_start(f'rt * {TOH}', OH, TOH)}",
-                *item.last("ko", KO, "n"),
-                f"    ko0 = {shifted_start(f'ko * {m}', KBLK, m)}",
-                f"    ow0 = {shifted_start(f't * {OWT}', OW, OWT)}",
-                f"    acc = carray(stack_empty({ACC}, np.float32), {ACC})",
-                f"    for q in range({ACC}):",
-                "        acc[q] = np.float32(0.0)"]
+        CC = cfg["c_chunk"]
+        if CC:
+            # passes over CC input-channel blocks each: an item is an output-channel tile, and its
+            # tiles' sums wait in `part` from one pass to the next (the tiles are whole: no overlap)
+            P = OH * OW * KT
+            body = [item.loop(g.N * KO), *item.last("ko", KO, "n"), f"    ko0 = ko * {m}",
+                    f"    acc = carray(stack_empty({ACC}, np.float32), {ACC})",
+                    f"    part = carray(stack_empty({P}, np.float32), {P})",
+                    f"    for ch in range({CBLK // CC}):", f"     for rt in range({NR}):",
+                    f"      oh0 = rt * {TOH}", f"      for t in range({NT}):", f"       ow0 = t * {OWT}",
+                    "       if ch == 0:", f"        for q in range({ACC}):", "            acc[q] = np.float32(0.0)",
+                    "       else:"]
+            for rr in range(TOH):
+                for r in range(OWT):
+                    body += [f"        for j in range({KT}):",
+                             f"            acc[{(rr * OWT + r) * KT} + j] = "
+                             f"part[np.uintp(((oh0 + {rr}) * {OW} + ow0 + {r}) * {KT} + j)]"]
+        else:
+            body = [item.loop(g.N * KO * NR * NT),
+                    *item.take("t", NT),
+                    *item.take("rt", NR),
+                    f"    oh0 = {shifted_start(f'rt * {TOH}', OH, TOH)}",
+                    *item.last("ko", KO, "n"),
+                    f"    ko0 = {shifted_start(f'ko * {m}', KBLK, m)}",
+                    f"    ow0 = {shifted_start(f't * {OWT}', OW, OWT)}",
+                    f"    acc = carray(stack_empty({ACC}, np.float32), {ACC})",
+                    f"    for q in range({ACC}):",
+                    "        acc[q] = np.float32(0.0)"]
 
         def inner(ind, kw_expr):
             pre = " " * ind
@@ -307,17 +353,28 @@ class Conv2d(Template):
 
         # the loops over input-channel blocks (c) and filter rows (kh) in the knob's order; the
         # filter columns (kw) always inside both, the block's channels innermost
-        if cfg["reduction_order"][0] == "c":
-            body += [f"    for cb in range({CBLK}):", f"        for kh in range({kh_range}):"]
-        else:
-            body += [f"    for kh in range({kh_range}):", f"        for cb in range({CBLK}):"]
-        body += row(12) + kw_loop(12)
+        cb_range = f"ch * {CC}, ch * {CC} + {CC}" if CC else str(CBLK)
+        loops = [f"for cb in range({cb_range}):", f"for kh in range({kh_range}):"]
+        if cfg["reduction_order"][0] != "c":
+            loops.reverse()
+        tile = [f"    {loops[0]}", f"        {loops[1]}"] + row(12) + kw_loop(12)
 
         # epilogue and store: channel k = (ko * m + blk) * KB + jj
         def value(rr, r, blk, cblk):
             v = f"acc[{(rr * OWT + r) * KT + blk * KB} + jj]"
             return f"({v} + bias[np.uintp(({cblk}) * {KB} + jj)])" if has_bias else v
-        body += tile_stores(wl, g, TOH, OWT, m, value, "    ")
+        if CC:
+            # the reduction and stores three loops deeper (passes, rows, columns); sums to `part`
+            # after every pass but the last, which ends in the epilogue
+            keep = [f"for j in range({KT}):\n" + "".join(
+                f"    part[np.uintp(((oh0 + {rr}) * {OW} + ow0 + {r}) * {KT} + j)] = acc[{(rr * OWT + r) * KT} + j]\n"
+                for rr in range(TOH) for r in range(OWT))]
+            tile += [f"    if ch < {CBLK // CC - 1}:"]
+            tile += [f"        {ln}" for k in keep for ln in k.rstrip().split("\n")]
+            tile += ["    else:"] + tile_stores(wl, g, TOH, OWT, m, value, "        ")
+            body += ["   " + ln for ln in tile]
+        else:
+            body += tile + tile_stores(wl, g, TOH, OWT, m, value, "    ")
 
         def pack_weights(w):                                            # [K, C, KH, KW]
             first = [min(t * m, KBLK - m) * KB for t in range(KO)]      # each tile's first channel

@@ -75,8 +75,9 @@ class ConfigSpace:
             vals = [v for v in vals if filter(v)] or vals[:1]
         self._add(Knob(name, "split", [list(v) for v in vals]))
 
-    def define_knob(self, name, candidates):
-        self._add(Knob(name, "knob", list(candidates)))
+    def define_knob(self, name, candidates, absent=None):
+        """`absent`: as define_annotate's."""
+        self._add(Knob(name, "knob", list(candidates), absent=absent))
 
     def define_reorder(self, name, axes, candidates=None):
         perms = candidates if candidates is not None else [list(p) for p in itertools.permutations(axes)]
