@@ -9,6 +9,8 @@ written out in the source and every index is unsigned, which is what let LLVM ve
 kernel (shared/PERFORMANCE.md). The fused epilogue (bias, activation, residual add ...) is
 applied to the tile before it is stored. A last tile that would run past the row is shifted left
 to end at the row's end (it recomputes a few pixels rather than branching in the inner loop).
+With `c_chunk`, an item is one output-channel tile whose tiles run over a share of the input
+channels at a time (the share's weights stay in the L1), their sums kept on the stack between passes.
 """
 from __future__ import annotations
 
@@ -366,11 +368,9 @@ class Conv2d(Template):
         if CC:
             # the reduction and stores three loops deeper (passes, rows, columns); sums to `part`
             # after every pass but the last, which ends in the epilogue
-            keep = [f"for j in range({KT}):\n" + "".join(
-                f"    part[np.uintp(((oh0 + {rr}) * {OW} + ow0 + {r}) * {KT} + j)] = acc[{(rr * OWT + r) * KT} + j]\n"
-                for rr in range(TOH) for r in range(OWT))]
-            tile += [f"    if ch < {CBLK // CC - 1}:"]
-            tile += [f"        {ln}" for k in keep for ln in k.rstrip().split("\n")]
+            tile += [f"    if ch < {CBLK // CC - 1}:", f"        for j in range({KT}):"]
+            tile += [f"            part[np.uintp(((oh0 + {rr}) * {OW} + ow0 + {r}) * {KT} + j)] = "
+                     f"acc[{(rr * OWT + r) * KT} + j]" for rr in range(TOH) for r in range(OWT)]
             tile += ["    else:"] + tile_stores(wl, g, TOH, OWT, m, value, "        ")
             body += ["   " + ln for ln in tile]
         else:
