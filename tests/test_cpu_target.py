@@ -1,5 +1,5 @@
-"""The CPU description: what it derives from LLVM's names and features, and what records store."""
-import numba
+"""The CPU description: what it derives from LLVM's names and features, and what records store.
+(numba is imported where used, after modelc, which sets numba's configuration before numba loads.)"""
 import pytest
 
 from modelc import target
@@ -47,6 +47,7 @@ def test_fma_width_sets_the_peak_and_the_vectors_per_broadcast():
 
 def test_host_matches_what_llvm_says_and_records_store():
     import llvmlite.binding as llvm
+    import numba
     t = Target.host()
     feats = numba.config.CPU_FEATURES or llvm.get_host_cpu_features().flatten()
     assert ("avx512f" in t.isa) == ("+avx512f" in feats.split(","))
