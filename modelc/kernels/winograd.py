@@ -29,6 +29,10 @@ ResNet-18's and SqueezeNet 1.1's 3x3 convs ran 1.6-2.8x faster so on AMD EPYC Ze
 and compiled for AVX2 alike (a multiply count 3-4x smaller; the direct conv was already at 220
 GFLOP/s). On 7 x 7 outputs (4 tiles, too few for a register tile of tiles) it ran 1.6x slower on
 AVX-512 and level on AVX2, so there the direct conv stays, as TVM's x86 strategy and oneDNN keep it.
+Those are cores of 32 float32 FLOPs a cycle; where twice that issue (Intel's AVX-512 cores on two
+full-width FMA pipes) the direct conv's time halves and Winograd's transforms' does not, so it takes
+twice the tiles: on a Xeon (Sapphire Rapids class) 256 -> 256 on 14x14 ran 1.10-1.28 ms by Winograd,
+0.85-1.0 direct; on 28x28 Winograd still won (docs/performance.md, "A Xeon again").
 Nor where the transformed weights (36 floats per channel pair) outgrow the last-level cache by far
 over few tiles: streamed from memory again for every group of tiles, they made it lose where the
 direct conv reuses its weights across a row. AMD EPYC Zen 4, L3 32 MiB, against the direct conv's
