@@ -62,10 +62,16 @@ class Target:
         return self.vector_registers - RESERVED_REGISTERS
 
     @property
+    def vector_fmas_per_cycle(self) -> float:
+        """FMAs of whole vectors one core issues a cycle: 2 on Intel's AVX-512 cores and on AVX2
+        machines, 1 on AMD Zen 4 (each 512-bit FMA takes both of its 256-bit pipes)."""
+        return self.fma_pipes * min(self.vector_bits, self.fma_bits) / self.vector_bits
+
+    @property
     def flops_per_cycle(self) -> int:
         """float32 FLOPs one core completes a cycle at its FMA peak: 64 on Intel's AVX-512 server
-        cores, 32 on AMD Zen 4 (512-bit FMAs on 256-bit pipes) and on AVX2 machines."""
-        return 2 * self.fma_pipes * min(self.vector_bits, self.fma_bits) // 32
+        cores, 32 on AMD Zen 4 and on AVX2 machines."""
+        return int(2 * self.vector_fmas_per_cycle * self.lanes(4))
 
     @property
     def accumulators_in_flight(self) -> int:
@@ -97,8 +103,7 @@ class Target:
         instruction of its own (AVX2), or where two vector FMAs issue a cycle and a broadcast
         operand on every one of them would take as many loads (Intel's AVX-512 cores); one where a
         core issues one FMA of its vectors a cycle (AMD Zen 4's 512-bit FMAs)."""
-        wide = self.fma_pipes * min(self.vector_bits, self.fma_bits) // self.vector_bits
-        return 2 if not self.broadcast_in_fma or wide >= 2 else 1
+        return 2 if not self.broadcast_in_fma or self.vector_fmas_per_cycle >= 2 else 1
 
     @property
     def converts_half(self) -> bool:
@@ -160,7 +165,7 @@ class Target:
         fma_bits = next((v for k, v in _HALF_WIDTH_FMA.items() if llvm_cpu.startswith(k)), bits)
         l1, l2, l3 = caches or _DEFAULT_CACHES
         return cls(cpu=cpu or llvm_cpu, llvm_cpu=llvm_cpu, isa=isa, vector_bits=bits, vector_registers=regs,
-                   fma_pipes=pipes, fma_latency=latency, fma_bits=min(fma_bits, bits), l1d_bytes=int(l1),
+                   fma_pipes=pipes, fma_latency=latency, fma_bits=fma_bits, l1d_bytes=int(l1),
                    l2_bytes=int(l2), l3_bytes=int(l3), threads=int(threads))
 
     @classmethod
