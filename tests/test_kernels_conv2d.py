@@ -1,4 +1,5 @@
 """conv2d template: default and random valid configs against the reference, over shapes."""
+import itertools
 import platform
 import uuid
 
@@ -213,13 +214,13 @@ def test_passes_over_input_channels_give_the_same_sums(k):
     wl = conv2d_wl(C=64, H=6, W=8, K=48, k=k, s=1, p=k // 2, hin=k // 2, hout=1, residual=True)
     tpl = template.select(wl)
     space = tpl.space(wl)
-    chunks = [c for c in space.knobs[-1].values if c]
-    assert space.knobs[-1].name == "c_chunk" and chunks
+    chunks = [c for c in space.values("c_chunk") if c]
+    assert chunks
     default = tpl.default_config(wl, space).values
     ran = 0
     for c in chunks:
-        for owt, oh in ((4, 1), (2, 2), (8, 1)):
-            cfg = space.from_values(dict(default, c_chunk=c, tile_ow=owt, tile_oh=oh, tile_oc_blocks=1))
+        for owt, oh, pf in ((4, 1, 0), (2, 2, 1), (8, 1, 0)):
+            cfg = space.from_values(dict(default, c_chunk=c, tile_ow=owt, tile_oh=oh, tile_oc_blocks=1, prefetch=pf))
             if space.is_valid(cfg):
                 got, want, _, _ = testing.run(wl, tpl, cfg)
                 assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
@@ -227,3 +228,23 @@ def test_passes_over_input_channels_give_the_same_sums(k):
     assert ran >= len(chunks)
     # tiles that would overlap (shifted back at the row's end) never pass over the channels
     assert not space.is_valid(space.from_values(dict(default, c_chunk=chunks[0], tile_ow=3)))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_prefetching_weights_changes_no_sum(k):
+    """prefetch: a hint ahead of the weight loads (the next pass's, the next filter row's or
+    block's, past the end at the last tile): bit-identical outputs in either reduction order."""
+    wl = conv2d_wl(C=48, H=7, W=7, K=32, k=k, s=1, p=k // 2, hin=k // 2, hout=1, residual=True)
+    tpl = template.select(wl)
+    space = tpl.space(wl)
+    default = tpl.default_config(wl, space).values
+    orders = space.values("reduction_order")[:1 if k == 1 else 2]
+    for order, chunk, owt in itertools.product(orders, (0, 1), (7, 3)):
+        base = dict(default, reduction_order=order, c_chunk=chunk, tile_ow=owt, tile_oh=1, tile_oc_blocks=2)
+        plain, fetch = space.from_values(dict(base, prefetch=0)), space.from_values(dict(base, prefetch=1))
+        if not space.is_valid(fetch):
+            continue
+        assert "prefetch(w, " in tpl.build(wl, fetch).source and "prefetch(" not in tpl.build(wl, plain).source
+        got, want, _, _ = testing.run(wl, tpl, fetch)
+        assert testing.max_rel_error(got, want) <= 1e-5, str(fetch)
+        assert np.array_equal(got, testing.run(wl, tpl, plain)[0]), str(fetch)

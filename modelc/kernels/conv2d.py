@@ -32,6 +32,8 @@ OWT_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 28]
 BOUNDED_TAPS = 0.25       # a share of (output pixel, tap) reads in the padding from which tiles skip them
 PASS_FLOATS = 32 << 10    # the sums an output-channel tile keeps on the stack between passes (128 KiB)
 PASS_AT_FLOPS = 64        # untuned kernels pass over the input channels on cores of this many FLOPs a cycle
+PREFETCH_PIXELS = 14 * 14  # ... and prefetch their weights where a weight serves at most this many pixels
+LINE_FLOATS = 16          # float32 in a 64-byte cache line
 
 
 def _axes(g):
@@ -159,6 +161,8 @@ class Conv2d(Template):
         sp.define_knob("c_chunk", [0] + [c for c in (1, 2, 4, 8, 16) if c < cblk and cblk % c == 0]
                        if g.N == 1 and g.OH * g.OW * g.KB <= PASS_FLOATS and padding_share(g) <= BOUNDED_TAPS
                        else [0], absent=0)
+        # prefetch the weights the tile reads next (the next pass's, or a filter row ahead)
+        sp.define_knob("prefetch", [0, 1], absent=0)
         kb = g.KB
         # a knob that changes nothing for this workload keeps only its first value: over a 1x1
         # filter both reduction orders and both unroll_kw are one kernel, and half of MobileNetV2's
@@ -206,7 +210,7 @@ class Conv2d(Template):
         vectors = -(-m * g.KB // tg.lanes(4))               # accumulator vectors per pixel
         want = -(-max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // vectors)
         rest = {"tile_oc_blocks": m, "tile_oh": 1, "reduction_order": ["c", "kh", "kw"], "unroll_kw": False,
-                "c_chunk": 0}
+                "c_chunk": 0, "prefetch": 0}
         owts = [t for t in space.knobs[0].values if t * vectors <= tg.max_tile_vectors
                 and space.is_valid(space.from_values({"tile_ow": t, **rest}))] or space.knobs[0].values[:1]
         waste = row_waste(g.OW)
@@ -221,10 +225,17 @@ class Conv2d(Template):
             # (Sapphire Rapids class) ResNet-18's 3x3 convs on 14x14 and 7x7 ran 0.85-0.95 of one
             # pass's time with passes of 16 channels, ResNet-50's and MobileNetV2's 1x1 convs on 14x14
             # and 7x7 0.81-0.95 with 64-128; 5 tiles on 2 threads ran 1.07 (docs/performance.md)
-            fits = [c for c in space.knobs[-1].values if c and c * per_block <= tg.l1d_bytes // 2
+            fits = [c for c in space.values("c_chunk") if c and c * per_block <= tg.l1d_bytes // 2
                     and space.is_valid(space.from_values(dict(cfg.values, c_chunk=c)))]
             if fits:
                 cfg = space.from_values(dict(cfg.values, c_chunk=max(fits)))
+        if tg.flops_per_cycle >= PASS_AT_FLOPS and g.OH * g.OW <= PREFETCH_PIXELS and \
+                per_block * (g.C // g.cb) > tg.l1d_bytes // 2:
+            # a tile's weights stream from beyond the L1 and each serves few pixels: the loads wait
+            # on them unless asked for ahead (Xeon, Sapphire Rapids class: ResNet-50's convs on 7x7
+            # outputs ran 0.92-0.96 of their time, MobileNetV2's 1x1 convs on 14x14 and 7x7 0.81-0.93;
+            # on 28x28 and larger 0.99-1.09, where the tiles of the map reuse weights from the L1)
+            cfg = space.from_values(dict(cfg.values, prefetch=1))
         return cfg
 
     @staticmethod
@@ -240,7 +251,7 @@ class Conv2d(Template):
         2 x 4 x 1 (AVX2's count, 8, is both pipes' minimum: its tiles are as before)."""
         lanes = tg.lanes(4)
         want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight)
-        rest = {"reduction_order": ["c", "kh", "kw"], "unroll_kw": False, "c_chunk": 0}
+        rest = {"reduction_order": ["c", "kh", "kw"], "unroll_kw": False, "c_chunk": 0, "prefetch": 0}
         cands = []
         for ow, m, oh in itertools.product(*(k.values for k in space.knobs[:3])):
             cfg = space.from_values({"tile_ow": ow, "tile_oc_blocks": m, "tile_oh": oh, **rest})
@@ -320,6 +331,11 @@ class Conv2d(Template):
                 for r in range(OWT):
                     lines.append(f"{pre}    x{rr}_{r} = {X}[xb{rr} + np.uintp({r * sw * cb} + c)]")
             lines += [f"{pre}    wo = wb + np.uintp(c * {KT})"]
+            if cfg["prefetch"]:
+                # the same place in the next pass, or (one pass) the next filter row or channel block
+                step = KW if cfg["reduction_order"][0] == "c" else KH * KW
+                ahead = (CC * KH * KW if CC else step) * cb * KT
+                lines += [f"{pre}    prefetch(w, wo + np.uintp({ahead + v}))" for v in range(0, KT, LINE_FLOATS)]
             if S is not None:
                 # conv(x * s) = conv(x, w * s): one multiply per weight vector, not per pixel
                 s_at = offset(s_spec.shape, s_spec.layout, ["n", ("cb", "c", cb), "0", "0"])

@@ -66,6 +66,26 @@ def float_bits(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def prefetch(typingctx, base, index):
+    """Ask for the cache line of base[index] (an array or a kernel's raw pointer) ahead of its
+    loads (`prefetcht0`): a hint, so an index past the end is harmless (no load happens)."""
+    if not isinstance(base, (types.Array, types.CPointer)) or not isinstance(index, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        data = args[0] if isinstance(sig.args[0], types.CPointer) else \
+            context.make_array(sig.args[0])(context, builder, args[0]).data
+        i8p, i32 = llir.IntType(8).as_pointer(), llir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, llir.FunctionType(llir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0i8")
+        # (read, keep in every level, data cache)
+        builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.none(base, index), codegen
+
+
 # ---- float16 storage ------------------------------------------------------------------------------
 # float16 tensors are uint16 bits in generated kernels and their values are computed in float32:
 # numba has no CPU float16 type, and its own conversions call compiler-rt helpers it does not link.
@@ -317,7 +337,8 @@ HELPERS = {"fast_erf": FAST_ERF, "fast_sigmoid32": FAST_SIGMOID, "fast_tanh32": 
            "mod_exact": MOD_EXACT, "fmod_exact": FMOD_EXACT, "fmod_int": FMOD_INT, "div_int": DIV_INT,
            "float_bits": FLOAT_BITS, "fmaximum": [imports("fmaximum")], "fminimum": [imports("fminimum")],
            "fdiv": [imports("fdiv")], "fmul": [imports("fmul")], "ffma": [imports("ffma")],
-           "h2f": [imports("h2f")], "f2h": [imports("f2h")], "r16": [imports("r16")]}
+           "h2f": [imports("h2f")], "f2h": [imports("f2h")], "r16": [imports("r16")],
+           "prefetch": [imports("prefetch")]}
 
 
 def calls_polynomial(body: list) -> bool:

@@ -89,6 +89,10 @@ class ConfigSpace:
         records then still load: tuning logs outlive the versions that wrote them)."""
         self._add(Knob(name, "annotate", list(candidates), absent=absent))
 
+    def values(self, name) -> list:
+        """The candidates of the knob `name`."""
+        return next(k.values for k in self.knobs if k.name == name)
+
     # ---- indexing -------------------------------------------------------------------------
     def __len__(self):
         return math.prod(len(k.values) for k in self.knobs)

@@ -232,9 +232,10 @@ def pointers(lines: list, args: list, dtypes: list) -> tuple[list, set]:
     negative index counting from the end. Booleans stay arrays: numba stores a pointer's element
     in its register form (i1), not in memory's (a byte)."""
     text = "\n".join(lines)
+    hinted = re.sub(r"\bprefetch\((\w+),", r"prefetch(\1[", text)      # takes a pointer too
 
     def indexed_only(name: str, defined: int = 0) -> bool:
-        uses = re.findall(rf"(?<![\w.]){re.escape(name)}\b(.?)", text)
+        uses = re.findall(rf"(?<![\w.]){re.escape(name)}\b(.?)", hinted)
         return len(uses) > defined and all(c == "[" for c in uses[defined:])
     out = []
     for ln in lines:
