@@ -125,18 +125,20 @@ def test_conv2d_passes_over_input_channels_where_the_fmas_outrun_the_l2():
 
 
 def test_conv2d_prefetches_weights_that_stream_past_the_l1_to_few_pixels():
-    """On twice Zen 4's FLOPs a cycle, tiles whose weights outgrow half the L1 ask for them ahead
-    where each weight serves at most 14 x 14 pixels (passes or not); over larger maps, where the
-    map's tiles reuse them, and on Zen 4 and AVX2, they do not."""
+    """On twice Zen 4's FLOPs a cycle, tiles whose weights outgrow half the L1 ask for them ahead:
+    the next pass's where they pass over the input channels, and in one pass where each weight
+    serves at most 14 x 14 pixels (over larger maps the map's tiles reuse them); Zen 4 and AVX2
+    do not."""
     def fetches(tg, *shape, s=1):
         with target.use(tg):
-            return default(conv(*shape, s=s, p=shape[3] // 2), "conv2d", tg)[1]["prefetch"]
-    assert fetches(SPR, 512, 7, 512, 3) and fetches(SPR, 576, 14, 96, 1) and fetches(SPR, 960, 7, 160, 1)
-    assert fetches(SPR, 256, 28, 512, 3, s=2)           # 14 x 14 outputs
-    assert not fetches(SPR, 128, 28, 128, 3) and not fetches(SPR, 256, 56, 64, 1)     # larger maps
-    assert not fetches(SPR, 144, 14, 32, 1)             # 18 KiB of weights a tile: the L1 keeps them
+            _, cfg = default(conv(*shape, s=s, p=shape[3] // 2), "conv2d", tg)
+            return cfg["prefetch"], cfg["c_chunk"]
+    assert fetches(SPR, 512, 7, 512, 3)[0] and fetches(SPR, 960, 7, 160, 1) == (1, 0)
+    assert fetches(SPR, 576, 14, 96, 1) == (1, 0) and fetches(SPR, 128, 28, 128, 3) == (1, 1)
+    assert fetches(SPR, 256, 56, 64, 1) == (0, 0)       # one pass over 56 x 56 pixels
+    assert fetches(SPR, 144, 14, 32, 1) == (0, 0)       # 18 KiB of weights a tile: the L1 keeps them
     for tg in (AVX512, AVX2):
-        assert not fetches(tg, 512, 7, 512, 3) and not fetches(tg, 576, 14, 96, 1)
+        assert not fetches(tg, 512, 7, 512, 3)[0] and not fetches(tg, 576, 14, 96, 1)[0]
 
 
 @pytest.mark.parametrize("tg,want", [("avx512", (7, 3)), ("avx2", (3, 3))])

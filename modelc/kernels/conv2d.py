@@ -32,7 +32,7 @@ OWT_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 28]
 BOUNDED_TAPS = 0.25       # a share of (output pixel, tap) reads in the padding from which tiles skip them
 PASS_FLOATS = 32 << 10    # the sums an output-channel tile keeps on the stack between passes (128 KiB)
 PASS_AT_FLOPS = 64        # untuned kernels pass over the input channels on cores of this many FLOPs a cycle
-PREFETCH_PIXELS = 14 * 14  # ... and prefetch their weights where a weight serves at most this many pixels
+PREFETCH_PIXELS = 14 * 14  # ... and prefetch weights in one pass where one serves at most this many pixels
 LINE_FLOATS = 16          # float32 in a 64-byte cache line
 
 
@@ -229,12 +229,13 @@ class Conv2d(Template):
                     and space.is_valid(space.from_values(dict(cfg.values, c_chunk=c)))]
             if fits:
                 cfg = space.from_values(dict(cfg.values, c_chunk=max(fits)))
-        if tg.flops_per_cycle >= PASS_AT_FLOPS and g.OH * g.OW <= PREFETCH_PIXELS and \
-                per_block * (g.C // g.cb) > tg.l1d_bytes // 2:
-            # a tile's weights stream from beyond the L1 and each serves few pixels: the loads wait
-            # on them unless asked for ahead (Xeon, Sapphire Rapids class: ResNet-50's convs on 7x7
-            # outputs ran 0.92-0.96 of their time, MobileNetV2's 1x1 convs on 14x14 and 7x7 0.81-0.93;
-            # on 28x28 and larger 0.99-1.09, where the tiles of the map reuse weights from the L1)
+        if tg.flops_per_cycle >= PASS_AT_FLOPS and per_block * (g.C // g.cb) > tg.l1d_bytes // 2 and \
+                (cfg["c_chunk"] or g.OH * g.OW <= PREFETCH_PIXELS):
+            # a tile's weights stream from beyond the L1: the loads wait on them unless asked for
+            # ahead, the next pass's (Xeon, Sapphire Rapids class: ResNet-50's pass kernels on 7x7
+            # outputs ran 0.85-0.91 of their time, on 14x14 0.95-0.96, on 28x28 0.95-1.01) or, in one
+            # pass, where each weight serves few pixels (MobileNetV2's 1x1 convs on 14x14 and 7x7
+            # 0.81-0.88; on 28x28 and larger 1.0-1.05, where the tiles of the map reuse them)
             cfg = space.from_values(dict(cfg.values, prefetch=1))
         return cfg
 
@@ -293,6 +294,14 @@ class Conv2d(Template):
         # the reduction)
         item = ParallelItem()
         CC = cfg["c_chunk"]
+        # prefetches: with passes, each tile of a pass asks for its share of the cache lines of the
+        # next pass's weights (PF a channel) into the L2, where they do not evict this pass's from
+        # the L1 (Xeon, SPR class: 0.85-0.91 of the time of the same lines fetched into the L1, and
+        # one line a channel per tile against all: 2 x 2 pixels x 4 blocks ran 1.25x slower than
+        # no prefetch); without passes every line of the weights a filter row or block ahead, into
+        # the L1 (there 0.78-0.93 of the time with them fetched into the L2)
+        LINES = -(-KT // LINE_FLOATS)
+        PF = -(-LINES // (NR * NT)) if CC else LINES
         if CC:
             # passes over CC input-channel blocks each: an item is an output-channel tile, and its
             # tiles' sums wait in `part` from one pass to the next (the tiles are whole: no overlap)
@@ -302,6 +311,8 @@ class Conv2d(Template):
                     f"    part = carray(stack_empty({P}, np.float32), {P})",
                     f"    for ch in range({CBLK // CC}):", f"     for rt in range({NR}):",
                     f"      oh0 = rt * {TOH}", f"      for t in range({NT}):", f"       ow0 = t * {OWT}",
+                    *[f"       pq{p} = np.uintp(((rt * {NT} + t) * {PF} + {p}) % {LINES} * {LINE_FLOATS})"
+                      for p in range(PF)],
                     "       if ch == 0:", f"        for q in range({ACC}):", "            acc[q] = np.float32(0.0)",
                     "       else:"]
             for rr in range(TOH):
@@ -335,7 +346,8 @@ class Conv2d(Template):
                 # the same place in the next pass, or (one pass) the next filter row or channel block
                 step = KW if cfg["reduction_order"][0] == "c" else KH * KW
                 ahead = (CC * KH * KW if CC else step) * cb * KT
-                lines += [f"{pre}    prefetch(w, wo + np.uintp({ahead + v}))" for v in range(0, KT, LINE_FLOATS)]
+                lines += [f"{pre}    prefetch(w, wo + np.uintp({ahead}) + pq{p}, 2)" if CC else
+                          f"{pre}    prefetch(w, wo + np.uintp({ahead + p * LINE_FLOATS}), 1)" for p in range(PF)]
             if S is not None:
                 # conv(x * s) = conv(x, w * s): one multiply per weight vector, not per pixel
                 s_at = offset(s_spec.shape, s_spec.layout, ["n", ("cb", "c", cb), "0", "0"])

@@ -67,11 +67,14 @@ def float_bits(typingctx, x):
 
 
 @intrinsic
-def prefetch(typingctx, base, index):
+def prefetch(typingctx, base, index, level):
     """Ask for the cache line of base[index] (an array or a kernel's raw pointer) ahead of its
-    loads (`prefetcht0`): a hint, so an index past the end is harmless (no load happens)."""
-    if not isinstance(base, (types.Array, types.CPointer)) or not isinstance(index, types.Integer):
+    loads, into the L1 (level 1: `prefetcht0`) or the L2 (2: `prefetcht1`): a hint, so an index
+    past the end is harmless (no load happens)."""
+    if not isinstance(base, (types.Array, types.CPointer)) or not isinstance(index, types.Integer) or \
+            not isinstance(level, types.IntegerLiteral) or level.literal_value not in (1, 2):
         return None
+    locality = 4 - level.literal_value
 
     def codegen(context, builder, sig, args):
         data = args[0] if isinstance(sig.args[0], types.CPointer) else \
@@ -79,11 +82,11 @@ def prefetch(typingctx, base, index):
         i8p, i32 = llir.IntType(8).as_pointer(), llir.IntType(32)
         fn = cgutils.get_or_insert_function(builder.module, llir.FunctionType(llir.VoidType(), [i8p, i32, i32, i32]),
                                             "llvm.prefetch.p0i8")
-        # (read, keep in every level, data cache)
-        builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), i8p), i32(0), i32(3), i32(1)])
+        # (read, locality 3: into the L1 / 2: the L2, data cache)
+        builder.call(fn, [builder.bitcast(builder.gep(data, [args[1]]), i8p), i32(0), i32(locality), i32(1)])
         return context.get_dummy_value()
 
-    return types.none(base, index), codegen
+    return types.none(base, index, level), codegen
 
 
 # ---- float16 storage ------------------------------------------------------------------------------
