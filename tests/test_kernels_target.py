@@ -141,6 +141,21 @@ def test_conv2d_prefetches_weights_that_stream_past_the_l1_to_few_pixels():
         assert not fetches(tg, 512, 7, 512, 3)[0] and not fetches(tg, 576, 14, 96, 1)[0]
 
 
+def test_conv2d_splits_by_rows_where_the_input_outgrows_the_weights():
+    """On twice Zen 4's FLOPs a cycle, a one-pass conv whose weights take at most a quarter of the
+    L2 and whose input at least that much splits its items among the threads by output rows (each
+    reads its rows, not the whole input); large weights, passes, and Zen 4 and AVX2 keep the split
+    by output-channel tiles."""
+    def split(tg, *shape):
+        with target.use(tg):
+            return default(conv(*shape, p=shape[3] // 2), "conv2d", tg)[1]["split"]
+    assert split(SPR, 256, 56, 64, 1) == "rows" and split(SPR, 64, 56, 256, 1) == "rows"
+    assert split(SPR, 256, 14, 256, 3) == "channels"     # 2.4 MB of weights (and passes)
+    assert split(SPR, 128, 28, 512, 1) == "channels"     # 400 KB of input: under a quarter of the L2
+    for tg in (AVX512, AVX2):
+        assert split(tg, 256, 56, 64, 1) == "channels"
+
+
 @pytest.mark.parametrize("tg,want", [("avx512", (7, 3)), ("avx2", (3, 3))])
 def test_conv2d_default_tiles_three_blocks_whole(tg, want):
     """24 output channels are three blocks of 8: a tile of two blocks computed a fourth in its last
