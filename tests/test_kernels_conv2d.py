@@ -251,28 +251,22 @@ def test_prefetching_weights_changes_no_sum(k):
 
 
 @pytest.mark.parametrize("k", [1, 3])
-def test_items_split_by_rows_give_the_same_outputs(k):
-    """split="rows": the items walk every output-channel tile of a row before the next row (each
-    thread computes its rows); with shifted last tiles along rows, columns and channels alike the
-    outputs are those of the split by channel tiles, bit for bit. Passes and one channel tile keep
-    the usual split (one kernel)."""
+def test_items_split_by_rows_give_the_same_outputs(k, monkeypatch):
+    """Items split by output rows (each thread walking every output-channel tile of its rows): with
+    shifted last tiles along rows, columns and channels alike the outputs are those of the split by
+    channel tiles, bit for bit."""
+    from modelc.kernels import conv2d
     wl = conv2d_wl(C=32, H=9, W=10, K=80, k=k, s=1, p=k // 2, hin=k // 2, hout=1, residual=True)
     tpl = template.select(wl)
     space = tpl.space(wl)
     default = dict(tpl.default_config(wl, space).values, c_chunk=0, prefetch=0)
-    ran = 0
     for owt, oh, m in ((4, 2, 2), (5, 1, 4), (3, 4, 1)):
-        base = dict(default, tile_ow=owt, tile_oh=oh, tile_oc_blocks=m)
-        chans, rows = space.from_values(dict(base, split="channels")), space.from_values(dict(base, split="rows"))
-        if not space.is_valid(rows):
-            continue
-        got, want, _, _ = testing.run(wl, tpl, rows)
-        assert testing.max_rel_error(got, want) <= 1e-5, str(rows)
-        assert np.array_equal(got, testing.run(wl, tpl, chans)[0]), str(rows)
-        ran += 1
-    assert ran == 3
-    chunk = next(c for c in space.values("c_chunk") if c)
-    assert not space.is_valid(space.from_values(dict(default, c_chunk=chunk, tile_ow=5, tile_oh=1, split="rows")))
-    one = conv2d_wl(C=16, H=6, W=6, K=16, k=k, s=1, p=k // 2, hin=k // 2, hout=1)
-    sp1 = tpl.space(one)
-    assert not sp1.is_valid(sp1.from_values(dict(tpl.default_config(one, sp1).values, split="rows")))
+        cfg = space.from_values(dict(default, tile_ow=owt, tile_oh=oh, tile_oc_blocks=m))
+        assert space.is_valid(cfg)
+        monkeypatch.setattr(conv2d, "splits_by_rows", lambda *a: False)
+        chans, by_channels = testing.run(wl, tpl, cfg)[0], tpl.build(wl, cfg).source
+        monkeypatch.setattr(conv2d, "splits_by_rows", lambda *a: True)
+        assert tpl.build(wl, cfg).source != by_channels
+        got, want, _, _ = testing.run(wl, tpl, cfg)
+        assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+        assert np.array_equal(got, chans), str(cfg)

@@ -144,16 +144,22 @@ def test_conv2d_prefetches_weights_that_stream_past_the_l1_to_few_pixels():
 def test_conv2d_splits_by_rows_where_the_input_outgrows_the_weights():
     """On twice Zen 4's FLOPs a cycle, a one-pass conv whose weights take at most a quarter of the
     L2 and whose input at least that much splits its items among the threads by output rows (each
-    reads its rows, not the whole input); large weights, passes, and Zen 4 and AVX2 keep the split
-    by output-channel tiles."""
-    def split(tg, *shape):
+    reads its rows, not the whole input); large weights, passes, one channel tile, and Zen 4 and
+    AVX2 keep the split by output-channel tiles."""
+    from modelc.kernels.conv2d import splits_by_rows
+    from modelc.kernels.conv_geometry import conv_geometry
+
+    def rows(tg, *shape):
         with target.use(tg):
-            return default(conv(*shape, p=shape[3] // 2), "conv2d", tg)[1]["split"]
-    assert split(SPR, 256, 56, 64, 1) == "rows" and split(SPR, 64, 56, 256, 1) == "rows"
-    assert split(SPR, 256, 14, 256, 3) == "channels"     # 2.4 MB of weights (and passes)
-    assert split(SPR, 128, 28, 512, 1) == "channels"     # 400 KB of input: under a quarter of the L2
+            wl = conv(*shape, p=shape[3] // 2)
+            _, cfg = default(wl, "conv2d", tg)
+            return splits_by_rows(conv_geometry(wl), tg, cfg["c_chunk"], cfg["tile_oc_blocks"])
+    assert rows(SPR, 256, 56, 64, 1) and rows(SPR, 64, 56, 256, 1)
+    assert not rows(SPR, 256, 14, 256, 3)       # 2.4 MB of weights (and passes)
+    assert not rows(SPR, 128, 28, 512, 1)       # 400 KB of input: under a quarter of the L2
+    assert not rows(SPR, 256, 56, 16, 1)        # one channel tile
     for tg in (AVX512, AVX2):
-        assert split(tg, 256, 56, 64, 1) == "channels"
+        assert not rows(tg, 256, 56, 64, 1)
 
 
 @pytest.mark.parametrize("tg,want", [("avx512", (7, 3)), ("avx2", (3, 3))])

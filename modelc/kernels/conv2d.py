@@ -2,7 +2,8 @@
 
 Input [N, C/cb, H+2h, W+2h, cb] (its zero halo is the padding), weights packed once at compile
 time as [K/KT, C/cb, KH, KW, cb, KT], output [N, K/KB, OH+2h', OW+2h', KB]. One parallel loop runs
-over (image, output-channel tile, output row, output-column tile); the register tile is OWT output
+over (image, output-channel tile, output row, output-column tile), or rows outside channel tiles
+(`splits_by_rows`); the register tile is OWT output
 pixels x KT output channels (KT = m x KB, m consecutive output blocks). For each input channel the
 kernel loads OWT input scalars and runs one KT-wide loop of multiply-adds: the rows of the tile are
 written out in the source and every index is unsigned, which is what let LLVM vectorise this
@@ -34,6 +35,21 @@ PASS_FLOATS = 32 << 10    # the sums an output-channel tile keeps on the stack b
 PASS_AT_FLOPS = 64        # untuned kernels pass over the input channels on cores of this many FLOPs a cycle
 PREFETCH_PIXELS = 14 * 14  # ... and prefetch weights in one pass where one serves at most this many pixels
 LINE_FLOATS = 16          # float32 in a 64-byte cache line
+
+
+def splits_by_rows(g, tg, passes: int, blocks_per_tile: int) -> bool:
+    """Whether one pass's items split among the threads by output rows, each thread walking every
+    output-channel tile of its rows, rather than by channel tiles (where every thread reads the
+    whole input): on cores of 64 FLOPs a cycle, where the weights take at most a quarter of the L2
+    (every row reads them all) and the input at least that. In ResNet-50's module (Xeon, Sapphire
+    Rapids class) its 1x1 convs on 56x56 ran 0.60-0.91 of their time: each thread reads half the
+    input, most of it where the previous kernel's same thread wrote it. Not a knob: in isolation,
+    where the Measurer leaves the input where the kernel's own last run read it, the two splits
+    time the same (0.97-1.02), so tuning could not choose; with 2.4 MB of weights (a 3x3 256 ->
+    256) rows ran 1.20x slower there."""
+    weights, image = g.K * g.C * g.KH * g.KW * 4, g.C * g.H * g.W * 4
+    return (not passes and g.K // g.KB > blocks_per_tile and tg.flops_per_cycle >= PASS_AT_FLOPS
+            and weights <= tg.l2_bytes // 4 <= image)
 
 
 def _axes(g):
@@ -163,9 +179,6 @@ class Conv2d(Template):
                        else [0], absent=0)
         # prefetch the weights the tile reads next (the next pass's, or a filter row ahead)
         sp.define_knob("prefetch", [0, 1], absent=0)
-        # how one pass's items split among the threads: by output-channel tiles (each thread reads
-        # the whole input) or by output rows (each reads its rows, which it may have written)
-        sp.define_knob("split", ["channels", "rows"], absent="channels")
         kb = g.KB
         # a knob that changes nothing for this workload keeps only its first value: over a 1x1
         # filter both reduction orders and both unroll_kw are one kernel, and half of MobileNetV2's
@@ -177,8 +190,6 @@ class Conv2d(Template):
         def valid(cfg):
             if order_moot and cfg["reduction_order"][0] != "c" or unroll_moot and cfg["unroll_kw"]:
                 return False
-            if cfg["split"] == "rows" and (cfg["c_chunk"] or blocks <= cfg["tile_oc_blocks"]):
-                return False                # passes split by channel tiles; one tile: one kernel
             if cfg["c_chunk"] and (g.OW % cfg["tile_ow"] or g.OH % cfg["tile_oh"] or blocks % cfg["tile_oc_blocks"]
                                    or g.OH * g.OW * cfg["tile_oc_blocks"] * kb > PASS_FLOATS):
                 return False
@@ -215,8 +226,7 @@ class Conv2d(Template):
         vectors = -(-m * g.KB // tg.lanes(4))               # accumulator vectors per pixel
         want = -(-max(tg.max_tile_vectors // 2, tg.accumulators_in_flight) // vectors)
         rest = {"tile_oc_blocks": m, "tile_oh": 1, "reduction_order": ["c", "kh", "kw"], "unroll_kw": False,
-                "c_chunk": 0, "prefetch": 0,
-                "split": "channels"}
+                "c_chunk": 0, "prefetch": 0}
         owts = [t for t in space.knobs[0].values if t * vectors <= tg.max_tile_vectors
                 and space.is_valid(space.from_values({"tile_ow": t, **rest}))] or space.knobs[0].values[:1]
         waste = row_waste(g.OW)
@@ -243,17 +253,6 @@ class Conv2d(Template):
             # pass, where each weight serves few pixels (MobileNetV2's 1x1 convs on 14x14 and 7x7
             # 0.81-0.88; on 28x28 and larger 1.0-1.05, where the tiles of the map reuse them)
             cfg = space.from_values(dict(cfg.values, prefetch=1))
-        weights, image = g.K * g.C * g.KH * g.KW * 4, g.C * g.H * g.W * 4
-        rows = space.from_values(dict(cfg.values, split="rows"))
-        if tg.flops_per_cycle >= PASS_AT_FLOPS and weights <= tg.l2_bytes // 4 <= image and space.is_valid(rows):
-            # split among the threads by output rows, each walking every channel tile of its rows:
-            # each thread then reads half the input, most of it where the previous kernel's same
-            # thread wrote it, instead of all of it, and the weights, a small share of the L2,
-            # serve every row. In ResNet-50's module (Xeon, Sapphire Rapids class) its 1x1 convs on
-            # 56x56 ran 0.58-0.89 of their time (7x7 2 vectors); in isolation, where the Measurer
-            # leaves each input where the kernel's own last run read it, the same 0.97-1.02, and a
-            # 3x3 conv of 2.4 MB of weights 1.20
-            cfg = rows
         return cfg
 
     @staticmethod
@@ -269,8 +268,7 @@ class Conv2d(Template):
         2 x 4 x 1 (AVX2's count, 8, is both pipes' minimum: its tiles are as before)."""
         lanes = tg.lanes(4)
         want = max(tg.max_tile_vectors // 2, tg.accumulators_in_flight)
-        rest = {"reduction_order": ["c", "kh", "kw"], "unroll_kw": False, "c_chunk": 0, "prefetch": 0,
-                "split": "channels"}
+        rest = {"reduction_order": ["c", "kh", "kw"], "unroll_kw": False, "c_chunk": 0, "prefetch": 0}
         cands = []
         for ow, m, oh in itertools.product(*(k.values for k in space.knobs[:3])):
             cfg = space.from_values({"tile_ow": ow, "tile_oc_blocks": m, "tile_oh": oh, **rest})
@@ -339,7 +337,7 @@ class Conv2d(Template):
                              f"            acc[{(rr * OWT + r) * KT} + j] = "
                              f"part[np.uintp(((oh0 + {rr}) * {OW} + ow0 + {r}) * {KT} + j)]"]
         else:
-            rows_out = cfg["split"] == "rows"
+            rows_out = splits_by_rows(g, target.current(), CC, m)
             body = [item.loop(g.N * KO * NR * NT),
                     *item.take("t", NT),
                     *(item.take("ko", KO) + item.last("rt", NR, "n") if rows_out else
