@@ -144,8 +144,9 @@ def test_conv2d_prefetches_weights_that_stream_past_the_l1_to_few_pixels():
 def test_conv2d_splits_by_rows_where_the_input_outgrows_the_weights():
     """On twice Zen 4's FLOPs a cycle, a one-pass conv whose weights take at most a quarter of the
     L2 and whose input at least that much splits its items among the threads by output rows (each
-    reads its rows, not the whole input); large weights, passes, one channel tile, and Zen 4 and
-    AVX2 keep the split by output-channel tiles."""
+    reads its rows, not the whole input), in one pass where it would otherwise pass over the input
+    channels; large weights, passes, one channel tile, and Zen 4 and AVX2 keep the split by
+    output-channel tiles."""
     from modelc.kernels.conv2d import splits_by_rows
     from modelc.kernels.conv_geometry import conv_geometry
 
@@ -155,6 +156,7 @@ def test_conv2d_splits_by_rows_where_the_input_outgrows_the_weights():
             _, cfg = default(wl, "conv2d", tg)
             return splits_by_rows(conv_geometry(wl), tg, cfg["c_chunk"], cfg["tile_oc_blocks"])
     assert rows(SPR, 256, 56, 64, 1) and rows(SPR, 64, 56, 256, 1)
+    assert rows(SPR, 512, 28, 128, 1)           # one pass by rows rather than passes by channel tiles
     assert not rows(SPR, 256, 14, 256, 3)       # 2.4 MB of weights (and passes)
     assert not rows(SPR, 128, 28, 512, 1)       # 400 KB of input: under a quarter of the L2
     assert not rows(SPR, 256, 56, 16, 1)        # one channel tile

@@ -234,8 +234,11 @@ class Conv2d(Template):
         cfg = space.from_values({"tile_ow": best, **rest})
         items = g.N * -(-blocks // m)                   # with passes, one per output-channel tile
         per_block = g.cb * g.KH * g.KW * m * g.KB * 4   # a tile's weights for one input-channel block
+        # (not where one pass splits by rows: every thread of a pass kernel reads the whole input once
+        # per channel tile; in ResNet-50's module its 1x1 convs 512 -> 128 and 512 -> 256 on 28x28
+        # and 256 -> 512 stride 2 on 56x56 ran 0.75-0.93 of their passes' time in one pass by rows)
         if tg.flops_per_cycle >= PASS_AT_FLOPS and per_block * (g.C // g.cb) > tg.l1d_bytes // 2 and \
-                -(-items // tg.threads) * tg.threads <= 1.125 * items:
+                -(-items // tg.threads) * tg.threads <= 1.125 * items and not splits_by_rows(g, tg, 0, m):
             # where the FMAs would outrun the L2's supply of a tile's weights, passes whose weights
             # take at most half the L1, if the tiles still share evenly among the threads: on a Xeon
             # (Sapphire Rapids class) ResNet-18's 3x3 convs on 14x14 and 7x7 ran 0.85-0.95 of one
