@@ -154,7 +154,7 @@ def test_conv2d_splits_by_rows_where_the_input_outgrows_the_weights():
         with target.use(tg):
             wl = conv(*shape, p=shape[3] // 2)
             _, cfg = default(wl, "conv2d", tg)
-            return splits_by_rows(conv_geometry(wl), tg, cfg["c_chunk"], cfg["tile_oc_blocks"])
+            return not cfg["c_chunk"] and splits_by_rows(conv_geometry(wl), tg, cfg["tile_oc_blocks"])
     assert rows(SPR, 256, 56, 64, 1) and rows(SPR, 64, 56, 256, 1)
     assert rows(SPR, 512, 28, 128, 1)           # one pass by rows rather than passes by channel tiles
     assert not rows(SPR, 256, 14, 256, 3)       # 2.4 MB of weights (and passes)

@@ -37,8 +37,8 @@ PREFETCH_PIXELS = 14 * 14  # ... and prefetch weights in one pass where one serv
 LINE_FLOATS = 16          # float32 in a 64-byte cache line
 
 
-def splits_by_rows(g, tg, passes: int, blocks_per_tile: int) -> bool:
-    """Whether one pass's items split among the threads by output rows, each thread walking every
+def splits_by_rows(g, tg, blocks_per_tile: int) -> bool:
+    """Whether a one-pass kernel's items split among the threads by output rows, each thread walking every
     output-channel tile of its rows, rather than by channel tiles (where every thread reads the
     whole input): on cores of 64 FLOPs a cycle, where the weights take at most a quarter of the L2
     (every row reads them all) and the input at least that. In ResNet-50's module (Xeon, Sapphire
@@ -48,7 +48,7 @@ def splits_by_rows(g, tg, passes: int, blocks_per_tile: int) -> bool:
     time the same (0.97-1.02), so tuning could not choose; with 2.4 MB of weights (a 3x3 256 ->
     256) rows ran 1.20x slower there."""
     weights, image = g.K * g.C * g.KH * g.KW * 4, g.C * g.H * g.W * 4
-    return (not passes and g.K // g.KB > blocks_per_tile and tg.flops_per_cycle >= PASS_AT_FLOPS
+    return (g.K // g.KB > blocks_per_tile and tg.flops_per_cycle >= PASS_AT_FLOPS
             and weights <= tg.l2_bytes // 4 <= image)
 
 
@@ -234,11 +234,12 @@ class Conv2d(Template):
         cfg = space.from_values({"tile_ow": best, **rest})
         items = g.N * -(-blocks // m)                   # with passes, one per output-channel tile
         per_block = g.cb * g.KH * g.KW * m * g.KB * 4   # a tile's weights for one input-channel block
+        # a tile's weights outgrow half the L1 on cores whose FMAs outrun the L2's supply of them
+        streams = tg.flops_per_cycle >= PASS_AT_FLOPS and per_block * (g.C // g.cb) > tg.l1d_bytes // 2
         # (not where one pass splits by rows: every thread of a pass kernel reads the whole input once
         # per channel tile; in ResNet-50's module its 1x1 convs 512 -> 128 and 512 -> 256 on 28x28
         # and 256 -> 512 stride 2 on 56x56 ran 0.75-0.93 of their passes' time in one pass by rows)
-        if tg.flops_per_cycle >= PASS_AT_FLOPS and per_block * (g.C // g.cb) > tg.l1d_bytes // 2 and \
-                -(-items // tg.threads) * tg.threads <= 1.125 * items and not splits_by_rows(g, tg, 0, m):
+        if streams and -(-items // tg.threads) * tg.threads <= 1.125 * items and not splits_by_rows(g, tg, m):
             # where the FMAs would outrun the L2's supply of a tile's weights, passes whose weights
             # take at most half the L1, if the tiles still share evenly among the threads: on a Xeon
             # (Sapphire Rapids class) ResNet-18's 3x3 convs on 14x14 and 7x7 ran 0.85-0.95 of one
@@ -248,8 +249,7 @@ class Conv2d(Template):
                     and space.is_valid(space.from_values(dict(cfg.values, c_chunk=c)))]
             if fits:
                 cfg = space.from_values(dict(cfg.values, c_chunk=max(fits)))
-        if tg.flops_per_cycle >= PASS_AT_FLOPS and per_block * (g.C // g.cb) > tg.l1d_bytes // 2 and \
-                (cfg["c_chunk"] or g.OH * g.OW <= PREFETCH_PIXELS):
+        if streams and (cfg["c_chunk"] or g.OH * g.OW <= PREFETCH_PIXELS):
             # a tile's weights stream from beyond the L1: the loads wait on them unless asked for
             # ahead, the next pass's (Xeon, Sapphire Rapids class: ResNet-50's pass kernels on 7x7
             # outputs ran 0.85-0.91 of their time, on 14x14 0.95-0.96, on 28x28 0.95-1.01) or, in one
@@ -340,7 +340,7 @@ class Conv2d(Template):
                              f"            acc[{(rr * OWT + r) * KT} + j] = "
                              f"part[np.uintp(((oh0 + {rr}) * {OW} + ow0 + {r}) * {KT} + j)]"]
         else:
-            rows_out = splits_by_rows(g, target.current(), CC, m)
+            rows_out = splits_by_rows(g, target.current(), m)
             body = [item.loop(g.N * KO * NR * NT),
                     *item.take("t", NT),
                     *(item.take("ko", KO) + item.last("rt", NR, "n") if rows_out else
