@@ -297,13 +297,23 @@ def test_untuned_winograd_stops_where_its_weights_outgrow_the_cache():
 
 def test_untuned_winograd_needs_more_tiles_where_the_direct_conv_has_more_flops():
     """Winograd saves multiplies but not its transforms' loads and stores: on a core of twice Zen
-    4's FLOPs a cycle the direct conv over 16 tiles (14x14) ran 0.71-0.8 of Winograd's time
-    (ResNet-18's and ResNet-50's 256 -> 256, Xeon), while over 49 (28x28) Winograd still won."""
+    4's FLOPs a cycle the direct conv over 16 tiles of 4 x 4 (14x14) ran 0.71-0.8 of F(4x4)'s time
+    (ResNet-18's and ResNet-50's 256 -> 256, Xeon), while over 49 (28x28) Winograd still won; over
+    49 tiles of 2 x 2, 7 at a time on 2 vectors of channels, F(2x2) won on 14x14 and 13x13 too. A
+    7x7 output has 16 of either: the direct conv stays."""
     wino = template.get("conv2d_winograd")
-    for tg, on_14 in ((AVX512, True), (AVX2, True), (SPR, False)):
+    for tg, small in ((AVX512, False), (AVX2, False), (SPR, True)):
         with target.use(tg):
-            assert wino.preferred(conv(256, 14, 256)) == on_14, tg.llvm_cpu
+            for C, H, K in ((256, 14, 256), (64, 13, 256)):
+                assert wino.preferred(conv(C, H, K)), tg.llvm_cpu
+                _, cfg = default(conv(C, H, K), "conv2d_winograd", tg)
+                assert (cfg["tile_size"] == 2) == small, (tg.llvm_cpu, cfg.values)
+                if small:
+                    assert cfg["tile_tiles"] == 7 and cfg["tile_oc_blocks"] * choose_block(K) == 2 * tg.lanes(4)
+                    assert cfg["transform"] == "per_block"
             assert wino.preferred(conv(128, 28, 128)), tg.llvm_cpu
+            assert default(conv(128, 28, 128), "conv2d_winograd", tg)[1]["tile_size"] == 4
+            assert not wino.preferred(conv(512, 7, 512)), tg.llvm_cpu
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "transformer"])

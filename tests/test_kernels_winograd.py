@@ -166,13 +166,13 @@ def test_compile_takes_the_faster_algorithm_of_a_workload(tmp_path, faster):
 
 
 @pytest.mark.parametrize("hw,fma_bits,want", [(20, 256, "conv2d_winograd"), (13, 256, "conv2d_winograd"),
-                                              (12, 256, "conv2d"), (7, 256, "conv2d"), (20, 512, "conv2d"),
-                                              (24, 512, "conv2d_winograd")])
+                                              (12, 256, "conv2d"), (7, 256, "conv2d"), (20, 512, "conv2d_winograd"),
+                                              (24, 512, "conv2d_winograd"), (7, 512, "conv2d")])
 def test_without_records_compile_runs_winograd_where_it_always_won(tmp_path, hw, fma_bits, want):
     """Untuned, on cores of 32 FLOPs a cycle (Zen 4's 512-bit FMAs on 256-bit pipes, AVX2) outputs
     of at least 16 tiles of 4x4 (13 x 13 and up) run Winograd, smaller ones the direct conv; on
-    twice that (AVX-512 on full-width pipes) 32 tiles (21 x 21 and up); either agrees with the
-    reference."""
+    twice that (AVX-512 on full-width pipes) 32 tiles, of 4x4 (21 x 21 and up) or else of 2x2 (11 x
+    11 to 20 x 20); either agrees with the reference."""
     import dataclasses
     from modelc import target
     path = str(tmp_path / "m.onnx")

@@ -32,7 +32,9 @@ AVX-512 and level on AVX2, so there the direct conv stays, as TVM's x86 strategy
 Those are cores of 32 float32 FLOPs a cycle; where twice that issue (Intel's AVX-512 cores on two
 full-width FMA pipes) the direct conv's time halves and Winograd's transforms' does not, so it takes
 twice the tiles: on a Xeon (Sapphire Rapids class) 256 -> 256 on 14x14 ran 1.10-1.28 ms by Winograd,
-0.85-1.0 direct; on 28x28 Winograd still won (docs/performance.md, "A Xeon again").
+0.85-1.0 direct; on 28x28 Winograd still won (docs/performance.md, "A Xeon again"). Between the
+two, F(2x2, 3x3) has the tiles F(4x4) lacks (`small_tiles`: 49 on 14 x 14 and 13 x 13), and in the
+module it ran 0.84-0.96 of the direct conv's time (docs/performance.md, "Small tiles").
 Nor where the transformed weights (36 floats per channel pair) outgrow the last-level cache by far
 over few tiles: streamed from memory again for every group of tiles, they made it lose where the
 direct conv reuses its weights across a row. AMD EPYC Zen 4, L3 32 MiB, against the direct conv's
@@ -70,12 +72,14 @@ MATRICES = {
                [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
             AT=[[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
 }
-TT_CANDIDATES = [1, 2, 3, 4, 6, 8, 12, 16]
+TT_CANDIDATES = [1, 2, 3, 4, 6, 7, 8, 12, 14, 16]
 PREFERRED_TILES = 16            # 4 x 4 output tiles per image from which untuned modules run Winograd,
 PREFERRED_AT_FLOPS = 32         # ... on cores of 32 float32 FLOPs a cycle, more in proportion above
 PREFERRED_CHANNELS = 16
 PREFERRED_WEIGHTS_L3 = 3        # ... and while the transformed weights fit in 3 L3s (the docstring),
 PREFERRED_WEIGHTS_L3_WIDE = 6   # 6 from WIDE_TILES tiles up
+SMALL_TILES_AT_FLOPS = 64       # from cores of 64 FLOPs a cycle, F(2x2, 3x3) where F(4x4) has too few
+SMALL_TILE_VECTORS = 2          # ... with output channels of 2 vectors (`small_tiles`)
 WIDE_TILES = 32
 MAX_STACK_FLOATS = 64 << 10          # 256 KB of stack per item: far below any thread's stack
 
@@ -151,6 +155,21 @@ def _tiles(g, m):
     return nth, ntw, nth * ntw * dh * dw
 
 
+def _least_tiles(tg) -> float:
+    """Output tiles per image from which untuned modules run Winograd on target `tg`."""
+    return PREFERRED_TILES * max(1.0, tg.flops_per_cycle / PREFERRED_AT_FLOPS)
+
+
+def small_tiles(g, tg) -> bool:
+    """Whether untuned modules run F(2x2, 3x3) rather than F(4x4, 3x3): on cores of 64 FLOPs a
+    cycle, where 4 x 4 tiles are too few and 2 x 2 ones are not (14 x 14 and 13 x 13 outputs: 16
+    tiles of 4 x 4, 49 of 2 x 2). On a Xeon (Sapphire Rapids class), 256 -> 256 on 14 x 14, in
+    ResNet-18's untuned module: 0.64-0.68 ms by F(2x2) over 7 tiles x 2 vectors against the direct
+    conv's 0.75-0.80; F(2x2) over 16 tiles (a third of them recomputed) 0.82-0.87, F(4x4) 0.89."""
+    return (tg.flops_per_cycle >= SMALL_TILES_AT_FLOPS and _smallest(g)[0] >= 2 and
+            _tiles(g, 4)[2] < _least_tiles(tg) <= _tiles(g, 2)[2])
+
+
 @register
 class Conv2dWinograd(Template):
     name = "conv2d_winograd"
@@ -174,9 +193,8 @@ class Conv2dWinograd(Template):
             return False
         tg = target.current()
         weights = 36 * g.C * g.K * 4 / tg.l3_bytes
-        tiles = _tiles(g, 4)[2]
-        least = PREFERRED_TILES * max(1.0, tg.flops_per_cycle / PREFERRED_AT_FLOPS)
-        return tiles >= least and min(g.C, g.K) >= PREFERRED_CHANNELS and \
+        tiles = _tiles(g, 2 if small_tiles(g, tg) else 4)[2]
+        return tiles >= _least_tiles(tg) and min(g.C, g.K) >= PREFERRED_CHANNELS and \
             weights <= (PREFERRED_WEIGHTS_L3_WIDE if tiles >= WIDE_TILES else PREFERRED_WEIGHTS_L3)
 
     def space(self, wl: Workload) -> ConfigSpace:
@@ -211,7 +229,9 @@ class Conv2dWinograd(Template):
         return sp
 
     def default_config(self, wl: Workload, space: ConfigSpace):
-        """F(4x4, 3x3) where the output allows it; output channels up to 4 vectors and tiles for
+        """F(4x4, 3x3) where the output allows it (F(2x2) where `small_tiles`, over output channels
+        of 2 vectors, transformed per block: in ResNet-18's module the tiles of all 256 channels, 112
+        KB, ran 1.07-1.15x slower than a block's 7 KB); output channels up to 4 vectors and tiles for
         about half the accumulator registers (4 x 4 = 16 of AVX-512's 28), whole groups of tiles
         where possible; input tiles of all channels transformed once per item when the stack holds
         them. Tuned ResNet-18 tasks on EPYC Zen 4 all ended there (4 vectors x 3-6 tiles, all_channels:
@@ -222,7 +242,10 @@ class Conv2dWinograd(Template):
         tg = target.current()
         lanes = tg.lanes(4)
         m = max(space.knobs[0].values)
-        blocks = max([b for b in space.knobs[2].values if b * g.KB <= 4 * lanes] or space.knobs[2].values[:1])
+        most, transforms = 4, ("all_channels", "chunks", "per_block")
+        if small_tiles(g, tg) and 2 in space.knobs[0].values:
+            m, most, transforms = 2, SMALL_TILE_VECTORS, ("per_block", "all_channels")
+        blocks = max([b for b in space.knobs[2].values if b * g.KB <= most * lanes] or space.knobs[2].values[:1])
         vectors = -(-blocks * g.KB // lanes)
         want = tg.max_tile_vectors / 2 / vectors
         tiles = _tiles(g, m)[2]
@@ -230,7 +253,7 @@ class Conv2dWinograd(Template):
         tts = [t for t in space.knobs[1].values if t <= tiles and t * vectors <= tg.max_tile_vectors] or \
             space.knobs[1].values[:1]
         tt = min(tts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
-        for transform in ("all_channels", "chunks", "per_block"):
+        for transform in transforms:
             c = space.from_values({"tile_size": m, "tile_tiles": tt, "tile_oc_blocks": blocks,
                                    "transform": transform, "item_order": ["k", "tiles"]})
             if space.is_valid(c):
