@@ -92,10 +92,39 @@ def test_channels_past_the_stack_are_transformed_in_chunks():
         assert 1 < d < g.C // g.cb and (g.C // g.cb) % d == 0, (cfg, d)
         got, want, _, _ = testing.run(wl, WINO, cfg)
         assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+    # the next block's weights asked for ahead, chunk by chunk: a hint, the same bits
+    off, on = (space.from_values(dict(cfg.values, tile_oc_blocks=1, prefetch=p)) for p in (0, 1))
+    assert space.is_valid(on) and "prefetch(w" in WINO.build(wl, on).source
+    assert all(np.array_equal(a, b) for a, b in zip(testing.run(wl, WINO, on)[0], testing.run(wl, WINO, off)[0]))
     small = conv2d_wl(C=16, H=8, W=8, K=16, k=3, s=1, p=1, hin=1, hout=0)
     sp = WINO.space(small)
     assert not any(sp.is_valid(sp.from_values(dict(WINO.default_config(small, sp).values, transform="chunks",
                                                    tile_tiles=tt))) for tt in sp.knobs[1].values)
+
+
+@pytest.mark.parametrize("transform", ["per_block", "all_channels"])
+def test_prefetching_the_next_blocks_weights_changes_no_output(transform):
+    """The prefetch is a hint: with it every output bit is the same, whichever order items take
+    (each group of tiles asking for its share of the next block's weights, or a block for all of
+    them), and the last block's asks past the end of the weights load nothing."""
+    wl = conv2d_wl(C=64, H=14, W=14, K=64, k=3, s=1, p=1, hin=1, hout=0, residual=True)
+    space = WINO.space(wl)
+    base = WINO.default_config(wl, space).values
+    tried = 0
+    for order in (["k", "tiles"], ["tiles", "k"]):
+        for m in space.knobs[0].values:
+            vals = dict(base, tile_size=m, transform=transform, item_order=order, tile_oc_blocks=1,
+                        tile_tiles=7 if m == 2 else 4)
+            off, on = (space.from_values(dict(vals, prefetch=p)) for p in (0, 1))
+            if not space.is_valid(on):
+                continue
+            assert "prefetch(w" in WINO.build(wl, on).source and "prefetch(" not in WINO.build(wl, off).source
+            a, want, _, _ = testing.run(wl, WINO, off)
+            b, _, _, _ = testing.run(wl, WINO, on)
+            assert testing.max_rel_error(a, want) <= 1e-5
+            assert all(np.array_equal(x, y) for x, y in zip(a, b)), str(on)
+            tried += 1
+    assert tried >= 2
 
 
 def test_a_batch_of_two_images():

@@ -54,7 +54,7 @@ import numpy as np
 
 from .. import target
 from .codegen import ParallelItem, packed_kernel, row_waste, shifted_start
-from .conv2d import BOUNDED_TAPS, padding_share
+from .conv2d import BOUNDED_TAPS, LINE_FLOATS, padding_share
 from .conv_geometry import conv_geometry
 from .layout import offset
 from .space import ConfigSpace
@@ -211,6 +211,7 @@ class Conv2dWinograd(Template):
         sp.define_knob("tile_oc_blocks", [b for b in (1, 2, 4) if b <= blocks and b * g.KB <= 4 * lanes])
         sp.define_knob("transform", ["per_block", "all_channels", "chunks"])
         sp.define_reorder("item_order", ["k", "tiles"], candidates=[["k", "tiles"], ["tiles", "k"]])
+        sp.define_knob("prefetch", [0, 1], absent=0)      # the next channel block's weights (`build`)
         kb, c = g.KB, g.C
 
         def ok(cfg):
@@ -231,9 +232,11 @@ class Conv2dWinograd(Template):
     def default_config(self, wl: Workload, space: ConfigSpace):
         """F(4x4, 3x3) where the output allows it (F(2x2) where `small_tiles`, over output channels
         of 2 vectors, transformed per block: in ResNet-18's module the tiles of all 256 channels, 112
-        KB, ran 1.07-1.15x slower than a block's 7 KB); output channels up to 4 vectors and tiles for
-        about half the accumulator registers (4 x 4 = 16 of AVX-512's 28), whole groups of tiles
-        where possible; input tiles of all channels transformed once per item when the stack holds
+        KB, ran 1.07-1.15x slower than a block's 7 KB; the next block's weights asked for ahead:
+        0.80-0.96 of the time without in ResNet-18's and ResNet-50's modules, but 1.01-1.31 where two
+        blocks' weights outgrew half the L2, as F(4x4)'s on 28x28 do); output channels up to 4 vectors
+        and tiles for about half the accumulator registers (4 x 4 = 16 of AVX-512's 28), whole groups
+        of tiles where possible; input tiles of all channels transformed once per item when the stack holds
         them. Tuned ResNet-18 tasks on EPYC Zen 4 all ended there (4 vectors x 3-6 tiles, all_channels:
         0.34-0.58 ms); the earlier default (2 vectors x 8 tiles, per block) read 1.2-5x slower, 1.68
         and 2.95 ms on 14x14 x 256 channels, so tuning had reached Winograd there only after 600
@@ -253,9 +256,13 @@ class Conv2dWinograd(Template):
         tts = [t for t in space.knobs[1].values if t <= tiles and t * vectors <= tg.max_tile_vectors] or \
             space.knobs[1].values[:1]
         tt = min(tts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
+        # the next channel block's weights asked for ahead where both blocks' fit in half the L2
+        kt = blocks * g.KB
+        prefetch = int(m == 2 and small_tiles(g, tg) and g.K > kt and
+                       2 * (m + 2) ** 2 * g.C * kt * 4 <= tg.l2_bytes / 2)
         for transform in transforms:
             c = space.from_values({"tile_size": m, "tile_tiles": tt, "tile_oc_blocks": blocks,
-                                   "transform": transform, "item_order": ["k", "tiles"]})
+                                   "transform": transform, "item_order": ["k", "tiles"], "prefetch": prefetch})
             if space.is_valid(c):
                 return c
         return space.get(space.valid_indices(limit=1)[0])
@@ -354,10 +361,26 @@ class Conv2dWinograd(Template):
                                  f"{_lin(BT[j], [f'u{i}_{k}' for k in range(a)])}")
             return lines
 
-        def point_gemm(ind, chans, vstride, voff, wchan):
+        def point_gemm(ind, chans, vstride, voff, wchan, pair="xi", pairs=A2):
             """rt (TT x KT) += V[point] x U[point] over `chans` channels."""
             pre = " " * ind
-            lines = [f"{pre}for c in range({chans}):"]
+            lines = []
+            if cfg["prefetch"] and KO > 1:
+                # the next block of output channels' weights into the L2, in shares: where items
+                # take groups of tiles first, each group of a block asks for its part of the next's
+                share = -(-A2 * C * KT // LINE_FLOATS)
+                first = ""
+                if cfg["item_order"][0] == "k":
+                    share = -(-share // NG)
+                    first = f"g * {share} + "
+                pf = -(-share // pairs)
+                lines.append(f"{pre}pl = np.uintp((ko + 1) * {A2 * C * KT} + ({first}({pair}) * {pf}) * {LINE_FLOATS})")
+                if pf <= 4:
+                    lines += [f"{pre}prefetch(w, pl + np.uintp({z * LINE_FLOATS}), 2)" for z in range(pf)]
+                else:
+                    lines += [f"{pre}for z in range({pf}):",
+                              f"{pre}    prefetch(w, pl + np.uintp(z * {LINE_FLOATS}), 2)"]
+            lines += [f"{pre}for c in range({chans}):"]
             lines += [f"{pre}    x{t} = vt[np.uintp((xi * {TT} + {t}) * {vstride} + {voff} + c)]"
                       for t in range(TT)]
             lines += [f"{pre}    wo = np.uintp(((ko * {A2} + xi) * {C} + {wchan} + c) * {KT})",
@@ -378,7 +401,8 @@ class Conv2dWinograd(Template):
             body += [f"        for xi in range({A2}):",
                      f"            for q in range({TT * KT}):",
                      f"                rt[q] = acc[np.uintp(xi * {TT * KT} + q)]"]
-            body += point_gemm(12, CC * cb, CC * cb, "0", f"{'cbk' if CC == 1 else 'ch'} * {CC * cb}")
+            body += point_gemm(12, CC * cb, CC * cb, "0", f"{'cbk' if CC == 1 else 'ch'} * {CC * cb}",
+                               f"{'cbk' if CC == 1 else 'ch'} * {A2} + xi", A2 * (CBLK // CC))
             body += [f"            for q in range({TT * KT}):",
                      f"                acc[np.uintp(xi * {TT * KT} + q)] = rt[q]"]
         else:
