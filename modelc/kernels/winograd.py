@@ -34,7 +34,7 @@ full-width FMA pipes) the direct conv's time halves and Winograd's transforms' d
 twice the tiles: on a Xeon (Sapphire Rapids class) 256 -> 256 on 14x14 ran 1.10-1.28 ms by Winograd,
 0.85-1.0 direct; on 28x28 Winograd still won (docs/performance.md, "A Xeon again"). Between the
 two, F(2x2, 3x3) has the tiles F(4x4) lacks (`small_tiles`: 49 on 14 x 14 and 13 x 13), and in the
-module it ran 0.84-0.96 of the direct conv's time (docs/performance.md, "Small tiles").
+module it ran 0.84-1.00 of the direct conv's time (docs/performance.md, "Small tiles").
 Nor where the transformed weights (36 floats per channel pair) outgrow the last-level cache by far
 over few tiles: streamed from memory again for every group of tiles, they made it lose where the
 direct conv reuses its weights across a row. AMD EPYC Zen 4, L3 32 MiB, against the direct conv's
