@@ -246,7 +246,8 @@ class Conv2dWinograd(Template):
         lanes = tg.lanes(4)
         m = max(space.knobs[0].values)
         most, transforms = 4, ("all_channels", "chunks", "per_block")
-        if small_tiles(g, tg) and 2 in space.knobs[0].values:
+        small = small_tiles(g, tg) and 2 in space.knobs[0].values
+        if small:
             m, most, transforms = 2, SMALL_TILE_VECTORS, ("per_block", "all_channels")
         blocks = max([b for b in space.knobs[2].values if b * g.KB <= most * lanes] or space.knobs[2].values[:1])
         vectors = -(-blocks * g.KB // lanes)
@@ -258,7 +259,7 @@ class Conv2dWinograd(Template):
         tt = min(tts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
         # the next channel block's weights asked for ahead where both blocks' fit in half the L2
         kt = blocks * g.KB
-        prefetch = int(m == 2 and small_tiles(g, tg) and g.K > kt and
+        prefetch = int(small and g.K > kt and
                        2 * (m + 2) ** 2 * g.C * kt * 4 <= tg.l2_bytes / 2)
         for transform in transforms:
             c = space.from_values({"tile_size": m, "tile_tiles": tt, "tile_oc_blocks": blocks,
