@@ -265,6 +265,20 @@ def test_gemm_model_follows_the_target():
     assert model_cost(128, 256, 256, 1, 4, 16, tg=AVX2) < model_cost(128, 256, 256, 1, 6, 64, tg=AVX2)
 
 
+@pytest.mark.parametrize("M,K,N", [(128, 256, 256), (128, 256, 1024), (128, 1024, 256)])
+def test_dense_default_on_two_full_width_fma_pipes_waits_for_no_streaming_panel(M, K, N):
+    """Where two full-width FMAs a cycle outrun the L2's supply of a B panel larger than half the
+    L1, the untuned tile has rows enough to use each B vector 6-8 times (the transformer's dense
+    layers, Xeon: 4 x 64 ran 1.22-1.28x 8 x 32's time); Zen 4 (one such FMA a cycle) keeps its own."""
+    _, cfg = default(dense(M, K, N), "dense", SPR)
+    assert cfg["tile_m"] >= 6 and K * cfg["tile_n"] * 4 > SPR.l1d_bytes // 2
+    _, zen = default(dense(M, K, N), "dense", AVX512)
+    assert (zen["tile_m"], zen["tile_n"]) == (4, 64)
+    assert model_cost(M, K, N, 1, 4, 64, tg=SPR) > model_cost(M, K, N, 1, 8, 32, tg=SPR)
+    # a panel that fits half the L1 streams nothing: no wait for it
+    assert model_cost(128, 64, 128, 1, 4, 64, tg=SPR) <= model_cost(128, 64, 128, 1, 8, 32, tg=SPR)
+
+
 @pytest.mark.parametrize("wl,name", [(conv(40, 9, 40), "conv2d"), (conv(32, 10, 32, group=32), "depthwise_conv2d"),
                                      (dense(3, 512, 1000), "dense"), (dense(20, 40, 23), "dense")])
 def test_avx2_defaults_compute_the_reference(wl, name):

@@ -10,6 +10,8 @@ from .workload import Workload
 MR_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
 NR_VECTORS = [1, 2, 3, 4]      # tile_n candidates, in vectors of the target
 MAX_PANEL_BYTES = 96 * 1024    # a packed B panel on the stack (matmul) stays well inside L2
+STREAM_AT_FLOPS = 64           # cores of this many FLOPs a cycle outrun the L2's supply of a B panel ...
+L2_LINE_CYCLES = 3.0           # ... which arrives at about a 64-byte line (a vector) every 3 cycles
 
 
 def nr_candidates(lanes: int) -> list:
@@ -95,11 +97,17 @@ def model_cost(M: int, K: int, N: int, batch: int, mr: int, nr: int, split: int 
     columns past N are padding. Calibrated on the transformer's shapes on AVX-512 (Zen 5), one
     thread: 4x64, 6x64 and 8x32 tiles ran at 0.9-1.0 of the best (about 2x numpy's sgemm), 2x32 at
     0.5, 2x64 at 0.6 (0.73 with k_split 2).
+
+    On cores of 64 FLOPs a cycle a B panel (K x NR) larger than half the L1 streams from the L2 for
+    every tile, at about a line every L2_LINE_CYCLES: a tile of few rows then waits for B (Xeon,
+    Sapphire Rapids class, B in cache: 4x64 tiles ran 1.22-1.28x the time of 8x32 and 6x64 on the
+    transformer's dense layers, 5x64 1.0-1.2x; untuned in its module 8x32 ran 0.71-0.80 of 4x64's time).
     """
     tg = tg or target.current()
     vec = -(-nr // tg.lanes(4))
     fmas = mr * vec
-    per_k = max(fmas / float(tg.fma_pipes), float(tg.fma_latency) / split, vec * 1.0) + 0.1 * (mr + vec)
+    stream = vec * L2_LINE_CYCLES if tg.flops_per_cycle >= STREAM_AT_FLOPS and K * nr * 4 > tg.l1d_bytes // 2 else 0.0
+    per_k = max(fmas / float(tg.fma_pipes), float(tg.fma_latency) / split, vec * 1.0, stream) + 0.1 * (mr + vec)
     if fmas + vec + mr > tg.vector_registers + 2:
         per_k += 8.0
     item = K * per_k + fmas * (6 + split) + 40  # k loop, then zero + epilogue + store, overhead
