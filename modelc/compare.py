@@ -129,7 +129,7 @@ def compare(model: str, log: str | None = None, trials: int = 0, inputs: int = 5
         from .layers import report
         from .passes.lower import lower
         mod = modules.get("modelc (tuned)", untuned)
-        res["per_layer"] = report(mod, graph, lower(graph), path, feeds, threads)
+        res["per_layer"] = report(mod, graph, lower(graph), path, feeds, threads, against=tuple(against))
         res["per_layer"]["module"] = "modelc (tuned)" if mod is not untuned else "modelc (untuned)"
         res["per_layer"]["latency_ms"] = {r["runtime"]: r["median_ms"] for r in rows
                                           if r["runtime"] in ("onnxruntime", res["per_layer"]["module"])}

@@ -1,13 +1,15 @@
 """Where the time goes: each fused group's kernel time in the module beside the onnxruntime nodes
-it replaces, timed by onnxruntime's own profiler.
+it replaces, timed by onnxruntime's own profiler (and, `against` OpenVINO, beside OpenVINO's nodes,
+timed by its own performance counters).
 
 A fused group keeps the names of the ONNX nodes and tensors it was made from; onnxruntime's
 optimised graph names its nodes after an original node or output tensor (a Conv fused with its
 BatchNorm and Clip is `<Clip's output>_nchwc` on x86). So a node of onnxruntime's is matched to the
 group that made the tensor it writes or that carries its name; the nodes onnxruntime adds of its
 own (layout reorders) go to the group that reads what they write, else to the one that wrote what
-they read. What is left is listed as unmatched, never dropped: both columns add up to each
-runtime's whole kernel time.
+they read. OpenVINO lists, for each node it ran, the original ONNX nodes it covers
+(`originalLayersNames`); its reorders cover none and go by the same rule. What is left is listed as
+unmatched, never dropped: every column adds up to its runtime's whole kernel time.
 """
 from __future__ import annotations
 
@@ -79,8 +81,34 @@ def onnxruntime_nodes(path: str, feeds: dict, threads: int, runs: int = 20) -> l
     return nodes
 
 
+def openvino_nodes(path: str, feeds: dict, threads: int, shapes: dict, runs: int = 20) -> list[dict]:
+    """The nodes OpenVINO ran, with their median time (ms) over `runs` by its performance counters, the
+    original ONNX nodes each covers, and the nodes it reads (by name, as `match` links them)."""
+    from .peers import openvino_compiled
+    compiled = openvino_compiled(path, threads, shapes, perf_count=True)
+    graph = {}
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        names = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
+        kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+        graph[op.get_friendly_name()] = {"op": kind, "originals": [x for x in names.split(",") if x],
+                                         "inputs": [v.get_node().get_friendly_name() for v in op.input_values()]}
+    request = compiled.create_infer_request()
+    times: dict = {}
+    for k in range(runs + 1):
+        request.infer(feeds)
+        if k:                                                           # the first run warms up
+            for p in request.get_profiling_info():
+                if p.status == p.Status.EXECUTED:
+                    times.setdefault(p.node_name, []).append(p.real_time.total_seconds() * 1e3)
+    return [{"name": name, "op": graph.get(name, {}).get("op", "?"), "inputs": graph.get(name, {}).get("inputs", []),
+             "outputs": [name], "originals": graph.get(name, {}).get("originals", []), "ms": statistics.median(ts)}
+            for name, ts in times.items()]
+
+
 def match(nodes: list[dict], groups: list[set]) -> list:
-    """The group index of each onnxruntime node (None where nothing ties it to one)."""
+    """The group index of each peer node (None where nothing ties it to one): by the tensor it
+    writes, its name, or the original nodes it covers (OpenVINO's)."""
     owner = {}
     for g, names in enumerate(groups):
         for x in names:
@@ -90,6 +118,8 @@ def match(nodes: list[dict], groups: list[set]) -> list:
         g = next((owner[o] for o in n["outputs"] if o in owner), None)
         if g is None:
             g = owner.get(n["name"], owner.get(_strip(n["name"])))
+        if g is None:
+            g = next((owner[o] for o in n.get("originals", ()) if o in owner), None)
         where.append(g)
     # onnxruntime's own nodes (reorders, ...): to the group that reads their output, else the writer of their input
     for _ in range(len(nodes)):
@@ -112,29 +142,37 @@ def match(nodes: list[dict], groups: list[set]) -> list:
     return where
 
 
-def report(module, graph, fused, path: str, feeds: dict, threads: int, repeat: int = 20) -> dict:
-    """Per fused group: modelc's kernel ms and the onnxruntime nodes (and their ms) it replaces."""
+def report(module, graph, fused, path: str, feeds: dict, threads: int, repeat: int = 20, against: tuple = ()) -> dict:
+    """Per fused group: modelc's kernel ms and the onnxruntime nodes (and their ms) it replaces, and
+    OpenVINO's where `against` names it."""
     groups = group_names(graph, fused)
     steps = module.program["steps"]
     fused_nodes = list(fused.topo())
     if [list(n.outputs) for n in fused_nodes] != [s["outputs"] for s in steps]:
         raise ValueError("the module was not compiled from this fused graph")
     prof = {p["step"]: p["ms"] for p in module.profile(repeat=repeat, feeds=feeds)}
-    nodes = onnxruntime_nodes(path, feeds, threads, repeat)
-    where = match(nodes, groups)
     rows = [{"step": i, "desc": s["desc"], "template": s["template"] if i in prof else "(view)",
-             "modelc_ms": prof.get(i, 0.0),
-             "onnxruntime": [], "onnxruntime_ms": 0.0} for i, s in enumerate(steps)]
-    unmatched = []
-    for n, g in zip(nodes, where):
-        if g is None:
-            unmatched.append(n)
-        else:
-            rows[g]["onnxruntime"].append(n["op"])
-            rows[g]["onnxruntime_ms"] += n["ms"]
-    return {"rows": rows, "unmatched": [{"name": n["name"], "op": n["op"], "ms": n["ms"]} for n in unmatched],
-            "modelc_kernels_ms": sum(r["modelc_ms"] for r in rows),
-            "onnxruntime_nodes_ms": sum(n["ms"] for n in nodes)}
+             "modelc_ms": prof.get(i, 0.0)} for i, s in enumerate(steps)]
+    res = {"rows": rows, "modelc_kernels_ms": sum(r["modelc_ms"] for r in rows)}
+    peers = {"onnxruntime": lambda: onnxruntime_nodes(path, feeds, threads, repeat)}
+    if "openvino" in against:
+        shapes = {i["name"]: i["shape"] for i in module.input_specs}
+        peers["openvino"] = lambda: openvino_nodes(path, feeds, threads, shapes, repeat)
+    for peer, nodes_of in peers.items():
+        nodes = nodes_of()
+        for r in rows:
+            r[peer], r[f"{peer}_ms"] = [], 0.0
+        unmatched = []
+        for n, g in zip(nodes, match(nodes, groups)):
+            if g is None:
+                unmatched.append(n)
+            else:
+                rows[g][peer].append(n["op"])
+                rows[g][f"{peer}_ms"] += n["ms"]
+        res[f"{peer}_nodes_ms"] = sum(n["ms"] for n in nodes)
+        res["unmatched" if peer == "onnxruntime" else f"unmatched_{peer}"] = [
+            {"name": n["name"], "op": n["op"], "ms": n["ms"]} for n in unmatched]
+    return res
 
 
 def _ops(ops: list) -> str:
@@ -147,21 +185,34 @@ def _ops(ops: list) -> str:
 def format_report(rep: dict, title: str, top: int | None = None) -> str:
     """The table, in run order (or the `top` groups that lose most time against onnxruntime)."""
     rows = rep["rows"]
+    ov = "openvino_nodes_ms" in rep
     if top:
         rows = sorted(rows, key=lambda r: r["onnxruntime_ms"] - r["modelc_ms"])[:top]
-    out = [title, f"{'#':>4}  {'fused group (modelc)':<52}{'template':<18}{'modelc ms':>10}  "
-                  f"{'onnxruntime nodes':<26}{'ort ms':>8}{'ratio':>7}"]
+
+    def ratio(mine, theirs):
+        return f"{mine / theirs:.2f}" if theirs > 0 and mine else "-"
+    head = (f"{'#':>4}  {'fused group (modelc)':<52}{'template':<18}{'modelc ms':>10}  "
+            f"{'onnxruntime nodes':<26}{'ort ms':>8}{'ratio':>7}")
+    out = [title, head + (f"  {'openvino nodes':<22}{'ov ms':>8}{'ratio':>7}" if ov else "")]
     for r in rows:
-        ratio = f"{r['modelc_ms'] / r['onnxruntime_ms']:.2f}" if r["onnxruntime_ms"] > 0 and r["modelc_ms"] else "-"
-        out.append(f"{r['step']:>4}  {r['desc'][:51]:<52}{r['template'][:17]:<18}{r['modelc_ms']:>10.3f}  "
-                   f"{_ops(r['onnxruntime'])[:25]:<26}{r['onnxruntime_ms']:>8.3f}{ratio:>7}")
-    for n in rep["unmatched"]:
-        out.append(f"{'':>4}  {'(onnxruntime only) ' + n['name']:<52.51}{'':<18}{'':>10}  "
-                   f"{n['op'][:25]:<26}{n['ms']:>8.3f}{'':>7}")
+        line = (f"{r['step']:>4}  {r['desc'][:51]:<52}{r['template'][:17]:<18}{r['modelc_ms']:>10.3f}  "
+                f"{_ops(r['onnxruntime'])[:25]:<26}{r['onnxruntime_ms']:>8.3f}"
+                f"{ratio(r['modelc_ms'], r['onnxruntime_ms']):>7}")
+        if ov:
+            line += (f"  {_ops(r['openvino'])[:21]:<22}{r['openvino_ms']:>8.3f}"
+                     f"{ratio(r['modelc_ms'], r['openvino_ms']):>7}")
+        out.append(line)
+    for peer, key in (("onnxruntime", "unmatched"), ("openvino", "unmatched_openvino")):
+        for n in rep.get(key, []):
+            out.append(f"{'':>4}  {f'({peer} only) ' + n['name']:<52.51}{'':<18}{'':>10}  "
+                       f"{n['op'][:25]:<26}{n['ms']:>8.3f}{'':>7}")
     total = rep["modelc_kernels_ms"] / rep["onnxruntime_nodes_ms"] if rep["onnxruntime_nodes_ms"] else float("nan")
     out.append(f"      kernels: modelc {rep['modelc_kernels_ms']:.3f} ms, "
                f"onnxruntime {rep['onnxruntime_nodes_ms']:.3f} ms (ratio {total:.2f}; "
                "modelc: each kernel timed in the running module; medians)")
+    if ov:
+        out.append(f"      OpenVINO's nodes (its performance counters): {rep['openvino_nodes_ms']:.3f} ms "
+                   f"(modelc's kernels {rep['modelc_kernels_ms'] / rep['openvino_nodes_ms']:.2f} of them)")
     lat = rep.get("latency_ms", {})
     if "onnxruntime" in lat and len(lat) == 2:
         mine = next(v for k, v in lat.items() if k != "onnxruntime")

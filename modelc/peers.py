@@ -26,7 +26,9 @@ def onnxruntime_runner(path: str, threads: int, shapes: dict | None = None):
     return lambda feeds: sess.run(None, feeds)
 
 
-def openvino_runner(path: str, threads: int, shapes: dict | None = None):
+def openvino_compiled(path: str, threads: int, shapes: dict | None = None, perf_count: bool = False):
+    """OpenVINO's compiled model as modelc is compared with it (`perf_count`: with its per-node timers,
+    for the per-layer report)."""
     try:
         import openvino as ov
     except ImportError:
@@ -36,9 +38,14 @@ def openvino_runner(path: str, threads: int, shapes: dict | None = None):
     model = core.read_model(path)
     if shapes:                       # static shapes, as modelc compiles them (a dynamic batch is slower)
         model.reshape({name: ov.PartialShape(list(s)) for name, s in shapes.items()})
-    compiled = core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": int(threads),
-                                                 "PERFORMANCE_HINT": "LATENCY",
-                                                 "INFERENCE_PRECISION_HINT": "f32"})
+    return core.compile_model(model, "CPU", {"INFERENCE_NUM_THREADS": int(threads),
+                                             "PERFORMANCE_HINT": "LATENCY",
+                                             "INFERENCE_PRECISION_HINT": "f32",
+                                             "PERF_COUNT": bool(perf_count)})
+
+
+def openvino_runner(path: str, threads: int, shapes: dict | None = None):
+    compiled = openvino_compiled(path, threads, shapes)
     request = compiled.create_infer_request()
     n_out = len(compiled.outputs)
 

@@ -103,3 +103,30 @@ def test_compare_against_openvino(small_model, capsys):
     rows = {r["runtime"]: r for r in json.load(open(out_json))["rows"]}
     assert rows["openvino"]["max_rel_err"] <= 1e-4 and rows["openvino"]["top1_agree"] == 2
     assert "fastest peer" in text
+
+
+def test_openvino_nodes_go_to_the_groups_of_the_onnx_nodes_they_cover():
+    from modelc.layers import match
+    groups = [{"conv1", "relu1", "c1_out"}, {"pool", "p_out"}]
+    nodes = [{"name": "x_reorder", "op": "Reorder", "inputs": ["x"], "outputs": ["x_reorder"], "originals": []},
+             {"name": "conv1/WithoutBiases", "op": "Convolution", "inputs": ["x_reorder"],
+              "outputs": ["conv1/WithoutBiases"], "originals": ["conv1/WithoutBiases", "conv1", "relu1"]},
+             {"name": "pool", "op": "Pooling", "inputs": ["conv1/WithoutBiases"], "outputs": ["pool"],
+              "originals": ["pool"]}]
+    assert match(nodes, groups) == [0, 0, 1]
+
+
+def test_per_layer_report_against_openvino(small_model, capsys):
+    pytest.importorskip("openvino")
+    path, d = small_model
+    out_json = str(d / "layers_ov.json")
+    status = main(["compare", path, "--inputs", "1", "--rounds", "10", "--per-layer", "--against", "openvino",
+                   "--json", out_json, "-q"])
+    text = capsys.readouterr().out
+    assert status == 0, text
+    rep = json.load(open(out_json))["per_layer"]
+    conv = next(r for r in rep["rows"] if r["desc"].startswith("conv2d_relu"))
+    assert any(op.startswith("Convolution") for op in conv["openvino"]) and conv["openvino_ms"] > 0
+    placed = sum(r["openvino_ms"] for r in rep["rows"]) + sum(n["ms"] for n in rep["unmatched_openvino"])
+    assert abs(placed - rep["openvino_nodes_ms"]) < 1e-9 and rep["openvino_nodes_ms"] > 0
+    assert "openvino nodes" in text and "OpenVINO's nodes" in text
