@@ -67,6 +67,13 @@ class Target:
         machines, 1 on AMD Zen 4 (each 512-bit FMA takes both of its 256-bit pipes)."""
         return self.fma_pipes * min(self.vector_bits, self.fma_bits) / self.vector_bits
 
+    def fma_slots(self, n: int) -> int:
+        """FMA issue slots of one multiply-add over `n` float32 lanes: LLVM vectorises a loop of n at
+        the widest of a vector, half or quarter of one that divides n (24 channels on AVX-512: three
+        256-bit FMAs), and a vector wider than an FMA pipe takes a slot per pipe width (Zen 4)."""
+        width = next((w for w in (self.lanes(4), self.lanes(4) // 2, self.lanes(4) // 4) if w and n % w == 0), 1)
+        return -(-n // width) * max(1, width * 32 // self.fma_bits)
+
     @property
     def flops_per_cycle(self) -> int:
         """float32 FLOPs one core completes a cycle at its FMA peak: 64 on Intel's AVX-512 server

@@ -134,3 +134,14 @@ def test_a_config_is_checked_against_the_space_of_the_current_target():
         big_only = {**cfg.values, "tile_n": 64}
         with pytest.raises(ModelcError, match="tile_n"):
             check_config("dense", wl, big_only, "t", key)
+
+
+def test_fma_slots_count_narrow_vectors_and_wide_ones_on_narrow_pipes():
+    """A loop of 24 float32 is three 256-bit FMAs on AVX-512 (LLVM's widest width dividing it); a
+    512-bit FMA takes two slots on Zen 4's 256-bit pipes, one on Sapphire Rapids'."""
+    spr = Target.from_features("sapphirerapids", AVX512)
+    zen4 = Target.from_features("znver4", AVX512)
+    zen3 = Target.from_features("znver3", AVX2)
+    assert [spr.fma_slots(n) for n in (8, 16, 24, 32, 48)] == [1, 1, 3, 2, 3]
+    assert [zen4.fma_slots(n) for n in (8, 16, 24, 32, 48)] == [1, 2, 3, 4, 6]
+    assert [zen3.fma_slots(n) for n in (8, 16, 24)] == [1, 2, 3]
