@@ -121,6 +121,8 @@ def test_a_sequence_runs_its_kernels_in_order_whatever_the_team(nchunks, threads
             numba.set_num_threads(threads)
         calls, bufs = _chain(40, 1000, nchunks)
         seq = launch.Sequence(calls, cache.sequence_runner())
+        # a parallel kernel's items in SEQUENCE_SPLIT chunks a thread, so that the others share a slow one's
+        assert set(seq.chunks) == {nchunks * launch.SEQUENCE_SPLIT if nchunks > 1 else 1} and seq.nthreads == nchunks
         for rep in range(1, 4):
             seq()
             np.testing.assert_array_equal(bufs[-1], np.full(1000, 40, np.float32))

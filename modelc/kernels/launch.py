@@ -157,15 +157,19 @@ def call_chunk_words(typingctx, addr, table, start, nwords, lo, hi):
 # core away at each further check: when more threads than cores run (several callers at once),
 # the chunk it waits for may belong to a thread that is not running
 SPINS = 2000
+SEQUENCE_SPLIT = 4      # chunks per thread of a parallel kernel in a sequence
 
 
 def sequence_source(stamped: bool = False) -> str:
     """The native loop that runs a module's kernels in order, in one parallel region.
 
-    Each of the team's threads walks the kernel list: it claims its own chunk of the current
-    kernel (an atomic exchange of the chunk's flag), then any chunk still unclaimed, runs what it
+    Each of the team's threads walks the kernel list: it claims its own chunks of the current
+    kernel (an atomic exchange of each chunk's flag), then any chunk still unclaimed, runs what it
     claimed, and waits (spinning) until every chunk of that kernel is done before it goes on to
-    the next. Own chunk first keeps a thread on the data it wrote in the kernel before. One fork
+    the next. Own chunks first keep a thread on the data it wrote in the kernel before; a parallel
+    kernel has SEQUENCE_SPLIT chunks per thread, so that a thread whose core is slow (a VM's core
+    shared with another guest) leaves the last of its share to the others rather than keep them
+    waiting, and they take it from the back. One fork
     and join per run instead of one per kernel: numba's OpenMP region cost 1.5-2.7 us to open and
     close, 0.1 ms over MobileNetV2's 56 kernels.
     A thread only waits for chunks that a running thread has claimed, so the loop cannot deadlock
@@ -198,8 +202,10 @@ def sequence_source(stamped: bool = False) -> str:
         "            n = items[k]",
         "            nc = chunks[k]",
         "            base = k * slot",
-        "            for j in range(nc):",      # its own chunk first (as a static schedule), then any left
-        "                c = (t + j) % nc",
+        "            lo = t * nc // nthreads",  # its own chunks first, in order (as a static schedule),
+        "            mine = (t + 1) * nc // nthreads - lo",
+        "            for j in range(nc):",      # then the others' still unclaimed, from the back of the
+        "                c = lo + j if j < mine else (lo - 1 - (j - mine)) % nc",   # thread's before it
         "                if atomic_xchg(claims, base + 1 + c, 1) == 0:",
         "                    call_chunk_words(addrs[k], words, starts[k], nwords[k], c * n // nc, (c + 1) * n // nc)",
         "                    atomic_add(claims, base, 1)",
@@ -318,11 +324,13 @@ class Sequence:
         self.starts = np.concatenate([[0], np.cumsum(self.nwords)[:-1]]).astype(np.intp)
         self.words = np.concatenate([c.table for c in calls]).astype(np.intp)
         self.items = np.array([c.kernel.n_items for c in calls], np.intp)
-        self.chunks = np.array([c.nchunks for c in calls], np.intp)
-        # the team: as many threads as the widest kernel has chunks (one, if all run serially)
-        self.nthreads = int(self.chunks.max()) if len(calls) else 1
+        # the team: as many threads as the widest kernel has chunks bound (one, if all run serially);
+        # each parallel kernel split into SEQUENCE_SPLIT chunks a thread
+        self.nthreads = max((c.nchunks for c in calls), default=1)
+        self.chunks = np.array([min(c.kernel.n_items, c.nchunks * SEQUENCE_SPLIT) if c.nchunks > 1 else 1
+                                for c in calls], np.intp)
         # per kernel: chunks done, then a claim flag per chunk, on cache lines of their own
-        self.slot = -(-(self.nthreads + 1) // 8) * 8
+        self.slot = -(-(int(self.chunks.max(initial=1)) + 1) // 8) * 8
         self.claims = np.zeros(len(calls) * self.slot, np.int64)     # zeroed by each run
         self._args = (self.addrs, self.words, self.starts, self.nwords, self.items, self.chunks,
                       self.claims, self.slot, self.nthreads)
