@@ -101,9 +101,11 @@ def openvino_nodes(path: str, feeds: dict, threads: int, shapes: dict, runs: int
             for p in request.get_profiling_info():
                 if p.status == p.Status.EXECUTED:
                     times.setdefault(p.node_name, []).append(p.real_time.total_seconds() * 1e3)
-    return [{"name": name, "op": graph.get(name, {}).get("op", "?"), "inputs": graph.get(name, {}).get("inputs", []),
-             "outputs": [name], "originals": graph.get(name, {}).get("originals", []), "ms": statistics.median(ts)}
-            for name, ts in times.items()]
+    out = []
+    for name, ts in times.items():
+        node = graph.get(name, {"op": "?", "originals": [], "inputs": []})
+        out.append({"name": name, **node, "outputs": [name], "ms": statistics.median(ts)})
+    return out
 
 
 def match(nodes: list[dict], groups: list[set]) -> list:

@@ -219,8 +219,9 @@ class Conv2d(Template):
             # 28x28, 1.2 MB a tile: 0.55-0.85 of two vectors' time; DeepLabV3's ASPP convs 0.74-0.9)
             per_pixel = tg.lanes(4)
         blocks = g.K // g.KB
-        ms = [m for m in space.knobs[1].values if -(-blocks // m) * m <= 1.25 * blocks] or space.knobs[1].values[:1]
-        if tg.fma_bits >= tg.vector_bits and g.KB < tg.lanes(4):
+        if not (tg.fma_bits >= tg.vector_bits and g.KB < tg.lanes(4)):
+            ms = [m for m in space.knobs[1].values if -(-blocks // m) * m <= 1.25 * blocks] or space.knobs[1].values[:1]
+        else:
             # blocks narrower than a vector on pipes as wide as the vectors: a tile of 24 channels is
             # three half-width FMAs, as many slots as 48 would take, so the block counts of fewest FMA
             # slots over all tiles come first, a shifted last tile's included (Xeon, Sapphire Rapids
