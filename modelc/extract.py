@@ -118,6 +118,8 @@ def describe(graph: Graph, node: Node) -> str:
         return f"{pattern} {dims(x)} n{g.tensors[a.inputs[1]].shape[1]}"
     if a.op_type == "MatMul":
         return f"{pattern} {dims(x)} @ {dims(g.tensors[a.inputs[1]].shape)}"
+    if a.op_type == "StridedMatMul":        # the operands as the matmul reads them
+        return f"{pattern} {dims(a.attrs['a_shape'])} @ {dims(a.attrs['b_shape'])} (views)"
     if a.op_type in ("MaxPool", "AveragePool"):
         return f"{pattern} {dims(x)} {dims(a.attrs['kernel_shape'])} s{a.attrs['strides'][0]}"
     out = graph.tensors[node.outputs[0]].shape

@@ -12,6 +12,8 @@ read in place or copied per work item into a [K, NR] panel on the stack. The epi
 activation, residual add ...) is applied to the tile as it is stored; columns past N are never
 stored. A last M tile that would run past M is shifted up to end at M and stores only its rows
 not stored yet, so no element is written twice (a residual input may share the output buffer).
+Operands may be strided views of their tensors (StridedMatMul: attention's heads read in place),
+B's columns contiguous; then every offset is written out flat from the views' strides.
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ class Gemm:
     row_dims: tuple = None              # output dims flattened into M (default (M,))
     col_dims: tuple = None              # output dims of N: (N,) or () for a 1-d B
     bias: str | None = None             # kernel argument of a bias [N]
+    a_strides: tuple | None = None      # a strided view: element strides of (*a_batch, M, K)
+    b_strides: tuple | None = None      # ... and of (*b_batch, K, N)
 
     def __post_init__(self):
         if self.row_dims is None:
@@ -64,6 +68,14 @@ def batch_offset(bidx: list, out_batch: tuple, own: tuple) -> str:
     return " + ".join(reversed(terms)) or "0"
 
 
+def batch_strided(bidx: list, out_batch: tuple, own: tuple, strides: tuple) -> str:
+    """Element offset of a strided view's batch, its batch dims `own` broadcast against `out_batch`."""
+    lead = len(out_batch) - len(own)
+    terms = [f"{bidx[lead + k]} * {strides[k]}" for k in range(len(own))
+             if own[k] != 1 and bidx[lead + k] != "0" and strides[k]]
+    return " + ".join(terms) or "0"
+
+
 def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> str:
     """The kernel source of GEMM `g` under config `cfg` (knob values) with epilogue `wl.epilogue`.
 
@@ -78,7 +90,12 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
     S = cfg.get("k_split", 1)
     if S > 1 and (G > 1 or U % S):
         raise ModelcError(f"k_split {S} needs m_group 1 and k_unroll a multiple of it")
-    flat = cfg.get("index", "2d") == "flat"
+    viewed = g.a_strides is not None or g.b_strides is not None
+    sam, sak = g.a_strides[-2:] if g.a_strides is not None else (K, 1)
+    sbk, sbn = g.b_strides[-2:] if g.b_strides is not None else (N, 1)
+    flat = cfg.get("index", "2d") == "flat" or viewed
+    if sbn not in (0, 1):
+        raise ModelcError(f"B's columns {sbn} elements apart: the GEMM reads them contiguous")
     pack = (not g.b_packed) and cfg.get("pack_b", False)
     MT = -(-M // MR)
     NT = -(-N // NR)
@@ -107,8 +124,14 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
         body += item.take("mg", MG) + item.last("nt", NT, "bi")
     blines, bidx = unravel_index("bi", g.batch, "b")
     body += [ind + ln for ln in blines]
-    ba = batch_offset(bidx, g.batch, g.a_batch)
-    bb = batch_offset(bidx, g.batch, g.b_batch)
+    if viewed:      # ba, bb: element offsets of the operands' batch
+        a_st = g.a_strides or _row_major(tuple(g.a_batch) + (M, K))
+        b_st = g.b_strides or _row_major(tuple(g.b_batch) + (K, N))
+        ba = batch_strided(bidx, g.batch, g.a_batch, a_st[:-2])
+        bb = batch_strided(bidx, g.batch, g.b_batch, b_st[:-2])
+    else:
+        ba = batch_offset(bidx, g.batch, g.a_batch)
+        bb = batch_offset(bidx, g.batch, g.b_batch)
     body += [f"{ind}ba = {ba}", f"{ind}bb = {bb}", f"{ind}n0 = nt * {NR}"]
     if ragged_n:
         body.append(f"{ind}nv = min({NR}, {N} - n0)")
@@ -119,6 +142,7 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
         # 2-d indexing of the panel kept this copy from vectorising)
         body += [f"{ind}bp = carray(stack_empty({K * NR}, np.float32), {K * NR})",
                  f"{ind}for k in range({K}):",
+                 f"{ind}    so = np.uintp(bb + k * {sbk} + n0)" if viewed else
                  f"{ind}    so = np.uintp((bb * {K} + k) * {N} + n0)",
                  f"{ind}    do = np.uintp(k * {NR})"]
         if ragged_n:
@@ -144,15 +168,19 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
         """One k step of the MR x NR tile at acc[gbase ...], into accumulator set q."""
         lines = []
         if flat:
-            lines.append(f"{ind}xo = np.uintp((ba * {M} + m0) * {K} + {k})")
+            lines.append(f"{ind}xo = np.uintp(ba + m0 * {sam} + ({k}) * {sak})" if viewed else
+                         f"{ind}xo = np.uintp((ba * {M} + m0) * {K} + {k})")
             for r in range(MR):
-                lines.append(f"{ind}x{r} = {g.a}[xo + np.uintp({r * K})]" if r else f"{ind}x0 = {g.a}[xo]")
+                lines.append(f"{ind}x{r} = {g.a}[xo + np.uintp({r * sam})]" if r else f"{ind}x0 = {g.a}[xo]")
             if g.b_packed:
                 lines.append(f"{ind}wo = np.uintp((nt * {K} + {k}) * {NR})")
                 wv = f"{g.b}[wo + np.uintp(j)]"
             elif pack:
                 lines.append(f"{ind}wo = np.uintp(({k}) * {NR})")
                 wv = "bp[wo + np.uintp(j)]"
+            elif viewed:
+                lines.append(f"{ind}wo = np.uintp(bb + ({k}) * {sbk} + n0)")
+                wv = f"{g.b}[wo + np.uintp(j)]"
             else:
                 lines.append(f"{ind}wo = np.uintp((bb * {K} + {k}) * {N} + n0)")
                 wv = f"{g.b}[wo + np.uintp(j)]"
@@ -271,6 +299,14 @@ def _store_unrolled(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bo
         lines += [pre + "    " + ln for ln in el]
         lines.append(f"{pre}    out0[ob + np.uintp(j)] = {final}")
     return lines
+
+
+def _row_major(shape: tuple) -> tuple:
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return tuple(out[::-1])
 
 
 def plain(t) -> bool:

@@ -19,13 +19,13 @@ def nr_candidates(lanes: int) -> list:
     return [v * lanes for v in NR_VECTORS]
 
 
-def gemm_space(M: int, K: int, N: int, runtime_b: bool) -> ConfigSpace:
+def gemm_space(M: int, K: int, N: int, runtime_b: bool, viewed: bool = False) -> ConfigSpace:
     """Register tile (tile_m x tile_n), loop order over tiles, M tiles per work item (m_group),
     k blocking across grouped tiles, k unrolling, independent accumulator sets for alternate k
     steps (k_split: hides the FMA latency of tiles of few accumulators), indexing style (2-d
     views or flat unsigned offsets), store rows rolled or written out, and for a runtime B
     whether each item first packs its columns of B into a stack panel (required when
-    N % tile_n != 0)."""
+    N % tile_n != 0). Strided views of the operands (`viewed`) are indexed flat."""
     tg = target.current()
     lanes, most = tg.lanes(4), tg.max_tile_vectors
     sp = ConfigSpace()
@@ -45,7 +45,7 @@ def gemm_space(M: int, K: int, N: int, runtime_b: bool) -> ConfigSpace:
     sp.define_knob("k_block", kbs)
     sp.define_annotate("k_unroll", [u for u in (1, 2, 4) if u <= K])
     sp.define_knob("k_split", [s for s in (1, 2, 4) if s <= K])
-    sp.define_knob("index", ["2d", "flat"])
+    sp.define_knob("index", ["flat"] if viewed else ["2d", "flat"])
     sp.define_annotate("store", ["rolled", "unrolled"])
     if runtime_b:
         sp.define_knob("pack_b", [False, True])
@@ -120,7 +120,7 @@ HEAVY_EPILOGUE = {"Gelu", "Erf", "Tanh", "Exp", "Log", "Sigmoid", "Softplus", "M
 
 
 def default_gemm(wl: Workload, space: ConfigSpace, M: int, K: int, N: int, batch: int,
-                 runtime_b: bool):
+                 runtime_b: bool, viewed: bool = False):
     """The tile (and k_split) of least `model_cost`; rows of the store written out unless the
     epilogue is heavy (unrolled stores ran 1.15-1.3x faster for 6x64 and 8x32 tiles; with a GELU
     they only cost compile time: a 16-row GELU tile took 9 s to compile instead of 3 s)."""
@@ -132,8 +132,8 @@ def default_gemm(wl: Workload, space: ConfigSpace, M: int, K: int, N: int, batch
         for nr in space.knobs[1].values:
             for split in splits:
                 vals = {"tile_m": mr, "tile_n": nr, "order": ["m", "n"], "m_group": 1,
-                        "k_block": K, "k_unroll": split, "k_split": split, "index": "2d",
-                        "store": store}
+                        "k_block": K, "k_unroll": split, "k_split": split,
+                        "index": "flat" if viewed else "2d", "store": store}
                 if runtime_b:
                     vals["pack_b"] = N % nr != 0
                 cfg = space.from_values(vals)

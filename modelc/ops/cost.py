@@ -20,9 +20,10 @@ def node_macs(graph: Graph, node: Node) -> int:
     if node.op_type == "ConvTranspose":
         x, w = shape(0), shape(1)             # w: [C, K/group, *kernel]; every input pixel scatters
         return int(np.prod(x, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
-    if node.op_type == "MatMul":
+    if node.op_type in ("MatMul", "StridedMatMul"):
         out = graph.tensors[node.outputs[0]].shape
-        return int(np.prod(out, dtype=np.int64)) * int(shape(0)[-1])
+        k = node.attrs["a_shape"][-1] if node.op_type == "StridedMatMul" else shape(0)[-1]
+        return int(np.prod(out, dtype=np.int64)) * int(k)
     if node.op_type == "Dense":                # x[..., K] @ w[K, N]
         out = graph.tensors[node.outputs[0]].shape
         return int(np.prod(out, dtype=np.int64)) * int(shape(1)[0])

@@ -41,6 +41,48 @@ def scaled_conv(x, w, b=None, s=None, **attrs):
     return conv((x * s).astype(x.dtype, copy=False), w, b, **attrs)
 
 
+def check_view(x, shape, strides, name: str) -> tuple:
+    """A strided view of `x`'s row-major elements (what StridedMatMul reads): as many positive
+    dimensions as strides, strides >= 0, its last element inside `x` (attributes can come from an
+    untrusted document: a view past the end would read other memory)."""
+    if not isinstance(shape, (list, tuple)) or not isinstance(strides, (list, tuple)) or \
+            not 2 <= len(shape) <= 8 or len(shape) != len(strides) or \
+            not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and 1 <= d <= 1 << 40
+                    for d in shape) or \
+            not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and 0 <= s <= 1 << 40
+                    for s in strides):
+        raise ValueError(f"StridedMatMul's {name} view {shape} / {strides}: expected 2-8 positive "
+                         f"dimensions and as many non-negative strides")
+    size = int(np.prod(x.shape, dtype=np.int64))
+    last = sum((int(d) - 1) * int(s) for d, s in zip(shape, strides))
+    if last >= size:
+        raise ValueError(f"StridedMatMul's {name} view {list(shape)} / {list(strides)} reads element "
+                         f"{last} of a tensor of {size}")
+    return tuple(int(d) for d in shape), tuple(int(s) for s in strides)
+
+
+def _view(x, shape, strides):
+    flat = np.ascontiguousarray(x).reshape(-1)
+    return np.lib.stride_tricks.as_strided(flat, shape, [s * flat.itemsize for s in strides], writeable=False)
+
+
+def _strided_matmul_shape(a, b, *, a_shape, a_strides, b_shape, b_strides):
+    from .linalg import matmul_shape
+    sa, _ = check_view(a, a_shape, a_strides, "A")
+    sb, _ = check_view(b, b_shape, b_strides, "B")
+    if a.dtype != b.dtype:
+        raise ValueError(f"StridedMatMul of {a.dtype} and {b.dtype}")
+    return matmul_shape(sa, sb), a.dtype
+
+
+@register("StridedMatMul", Kind.OUT_ELEMWISE_FUSABLE, infer=_strided_matmul_shape)
+def strided_matmul(a, b, *, a_shape, a_strides, b_shape, b_strides):
+    """MatMul of strided views of two tensors: a MatMul whose operands were reshapes and transposes
+    of them (attention's heads split from one [tokens, heads x dim] tensor, K transposed), which the
+    matmul kernel reads in place instead of copying first (passes/matmul_views.py)."""
+    return np.matmul(_view(a, a_shape, a_strides), _view(b, b_shape, b_strides))
+
+
 def _mul_add_shape(a, b, c):
     from .registry import broadcast_shape
     return broadcast_shape(a.shape, b.shape, c.shape, where="MulAdd"), a.dtype

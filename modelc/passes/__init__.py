@@ -12,6 +12,7 @@ from .einsum import lower_einsum
 from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
 from .fuse import fuse
+from .matmul_views import fold_matmul_views
 from .norms import lower_norms
 from .patterns import recognise_patterns
 from .scale_conv import scale_into_conv
@@ -30,6 +31,7 @@ PIPELINE = [
     lower_norms,
     to_dense,
     scale_into_conv,
+    fold_matmul_views,
     eliminate_common_subexpressions,
     eliminate_dead_code,
     byte_inputs,                # after CSE (which would merge its casts back to float into one) and

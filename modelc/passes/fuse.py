@@ -253,7 +253,7 @@ def _pattern_name(graph: Graph, group: list) -> str:
             name = ("depthwise_" if g == c_in and w[1] == 1 else "group_") + name
         if op == "ScaledConv":
             name = "scaled_" + name
-    elif op == "MatMul":
+    elif op in ("MatMul", "StridedMatMul"):
         name = "batch_matmul" if len(graph.tensors[first.outputs[0]].shape) > 2 else "matmul"
     else:
         name = {"MaxPool": "max_pool", "AveragePool": "avg_pool", "GlobalAveragePool": "global_avg_pool",

@@ -1,0 +1,154 @@
+"""Reshapes and transposes that feed a MatMul become strided views it reads in place
+(passes/matmul_views.py, StridedMatMul): which chains are views, where the rewrite applies and where
+it must not, the GEMM under sampled schedules, compiled attention against onnxruntime, and a crafted
+view in a document."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import modelc
+from modelc import passes
+from modelc.schema import DocumentError
+from modelc.frontend import from_onnx
+from modelc.kernels import templates  # noqa: F401  (registers every template)
+from modelc.kernels import testing
+from modelc.kernels.template import get
+from modelc.kernels.workload import Workload
+from modelc.passes.matmul_views import strides_of
+from modelc.tune.tuning import tuning_tasks
+from modelc.validate import check_workload
+from workloads import onnx_model
+
+
+@pytest.mark.parametrize("shape, steps, view", [
+    ((2, 6, 8), [("R", (2, 6, 2, 4)), ("T", [0, 2, 1, 3])], True),     # heads split off, as Q and V
+    ((2, 6, 8), [("R", (2, 6, 2, 4)), ("T", [0, 2, 3, 1])], True),     # K^T
+    ((4, 6), [("T", [1, 0]), ("R", (24,))], False),                    # a transpose flattened: a copy
+    ((4, 6), [("T", [1, 0]), ("R", (6, 2, 2))], True),                 # splitting a strided axis
+    ((4, 6), [("T", [1, 0]), ("R", (3, 8))], False),
+    ((1, 5, 1, 7), [("R", (5, 7)), ("T", [1, 0]), ("R", (7, 1, 5))], True),
+])
+def test_which_chains_are_strided_views(shape, steps, view):
+    got = strides_of(shape, steps)
+    assert (got is not None) == view
+    v = np.arange(int(np.prod(shape))).reshape(shape)
+    for kind, arg in steps:
+        v = np.transpose(v, arg) if kind == "T" else v.reshape(arg)
+    if view:
+        flat = np.arange(int(np.prod(shape)))
+        seen = np.lib.stride_tricks.as_strided(flat, v.shape, [s * flat.itemsize for s in got])
+        assert np.array_equal(seen, v)
+
+
+def attention(t=37, heads=4, dim=16, batch=1, extra_use=False, k_first=False):
+    """x [batch, t, heads x dim] -> Q, K, V (dense) -> heads -> softmax(Q K^T / 4) V -> [batch, t, heads x dim]."""
+    rng = np.random.default_rng(t + heads)
+    e = heads * dim
+    inits = [numpy_helper.from_array((rng.standard_normal((e, e)) * 0.2).astype(np.float32), f"w{n}")
+             for n in "qkv"]
+    inits += [numpy_helper.from_array(np.array([batch, t, heads, dim], np.int64), "split"),
+              numpy_helper.from_array(np.array([batch, t, e], np.int64), "merge"),
+              numpy_helper.from_array(np.array(4.0, np.float32), "scale")]
+    nodes = []
+    for n in "qkv":
+        nodes += [helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}0"]),
+                  helper.make_node("Reshape", [f"{n}0", "split"], [f"{n}1"])]
+    nodes += [helper.make_node("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),
+              helper.make_node("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3])]
+    if k_first:     # K^T as K's heads, then the last two axes swapped
+        nodes += [helper.make_node("Transpose", ["k1"], ["k2"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Transpose", ["k2"], ["k"], perm=[0, 1, 3, 2])]
+    else:
+        nodes.append(helper.make_node("Transpose", ["k1"], ["k"], perm=[0, 2, 3, 1]))
+    nodes += [helper.make_node("MatMul", ["q", "k"], ["s0"]),
+              helper.make_node("Div", ["s0", "scale"], ["s"]),
+              helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["o0"]),
+              helper.make_node("Transpose", ["o0"], ["o1"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["o1", "merge"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, t, e])]
+    if extra_use:
+        outputs.append(helper.make_tensor_value_info("q", TensorProto.FLOAT, [batch, heads, t, dim]))
+    return onnx_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, t, e])],
+                      outputs, inits)
+
+
+def _ops(model):
+    g = passes.optimize(from_onnx(model.SerializeToString()), fuse_ops=False)
+    return [n.op_type for n in g.topo()]
+
+
+@pytest.mark.parametrize("kw", [{}, {"batch": 2}, {"k_first": True}])
+def test_heads_are_read_in_place(kw):
+    ops = _ops(attention(**kw))
+    # Q (A of Q K^T) and V (B of P V, its columns contiguous) are views; K^T's columns are a row
+    # apart, so K keeps its transpose, as does the output's (nothing after it is a matmul)
+    assert ops.count("StridedMatMul") == 2 and "MatMul" not in ops
+    assert ops.count("Transpose") == (3 if kw.get("k_first") else 2)
+
+
+def test_a_chain_that_is_also_a_model_output_stays():
+    ops = _ops(attention(extra_use=True))
+    assert ops.count("StridedMatMul") == 1 and ops.count("MatMul") == 1    # Q is needed as it is
+
+
+@pytest.mark.parametrize("kw", [{}, {"t": 16, "batch": 2, "heads": 2, "dim": 32}, {"k_first": True, "t": 9}])
+def test_compiled_attention_matches_onnxruntime(kw, tmp_path):
+    model = attention(**kw)
+    mod = modelc.compile(model.SerializeToString())
+    assert not mod.fallbacks
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = mod(x)
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    mod.save(str(tmp_path / "a.mc"))
+    from modelc.runtime.module import load
+    assert np.array_equal(load(str(tmp_path / "a.mc"))(x), got)
+
+
+def _view_tasks(model):
+    return [t for t in tuning_tasks(from_onnx(model.SerializeToString())) if t.desc.endswith("(views)")]
+
+
+def test_strided_matmul_kernels_under_sampled_schedules():
+    tasks = _view_tasks(attention(t=21, batch=2))
+    assert len(tasks) == 2 and {t.template for t in tasks} == {"batch_matmul"}
+    for task in tasks:
+        wl = Workload(task.workload)
+        assert wl.anchor.op == "StridedMatMul"
+        tpl = get(task.template)
+        space = tpl.space(wl)
+        rng = np.random.default_rng(7)
+        sampled = [space.get(int(i)) for i in rng.permutation(len(space))[:300]]
+        configs = [tpl.default_config(wl, space)] + [c for c in sampled if space.is_valid(c)][:4]
+        for cfg in configs:
+            got, want, _, _ = testing.run(wl, tpl, cfg, seed=2)
+            assert testing.max_rel_error(got, want) < 1e-5, dict(cfg.values)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda a: a.update(b_strides=[s * 1000 for s in a["b_strides"]]), "reads element"),
+    (lambda a: a.update(a_shape=a["a_shape"][:-1]), "dimensions"),
+    (lambda a: a.update(a_strides=[-1] * len(a["a_strides"])), "non-negative"),
+])
+def test_a_crafted_view_is_refused_by_name(edit, says):
+    wl = copy.deepcopy(_view_tasks(attention())[0].workload)
+    edit(wl["ops"][0]["attrs"])
+    with pytest.raises(DocumentError, match=f"StridedMatMul.*{says}"):
+        check_workload(wl)
+
+
+def test_the_matmul_refuses_columns_apart():
+    """A document may say what the pass never makes: B's columns apart. The GEMM does not match it
+    (it reads columns contiguous), so the reference runs it, and gets it right."""
+    wl = copy.deepcopy(_view_tasks(attention(t=16, dim=16))[1].workload)     # P [16 x 16] V [16 x 16]
+    attrs = wl["ops"][0]["attrs"]
+    attrs["b_strides"] = attrs["b_strides"][:-2] + [attrs["b_strides"][-1], attrs["b_strides"][-2]]
+    check_workload(wl)
+    assert not get("batch_matmul").matches(Workload(wl))
