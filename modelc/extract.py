@@ -114,12 +114,13 @@ def describe(graph: Graph, node: Node) -> str:
             extra += f" + {dims(g.tensors[second.inputs[1]].shape[2:])} s{one(second.attrs.get('strides', [1]))}" \
                      f" p{one(second.attrs.get('pads', [0]))}"
         return f"{pattern} {dims(x)} k{w[0]} {dims(w[2:])} s{one(s)} p{one(p)}{extra}"
+    stored = f" -> {dims(a.attrs['y_shape'])}" if "y_shape" in a.attrs else ""    # (passes/matmul_views.py)
     if a.op_type == "Dense":
-        return f"{pattern} {dims(x)} n{g.tensors[a.inputs[1]].shape[1]}"
+        return f"{pattern} {dims(x)} n{g.tensors[a.inputs[1]].shape[1]}{stored}"
     if a.op_type == "MatMul":
         return f"{pattern} {dims(x)} @ {dims(g.tensors[a.inputs[1]].shape)}"
     if a.op_type == "StridedMatMul":        # the operands as the matmul reads them
-        return f"{pattern} {dims(a.attrs['a_shape'])} @ {dims(a.attrs['b_shape'])} (views)"
+        return f"{pattern} {dims(a.attrs['a_shape'])} @ {dims(a.attrs['b_shape'])}{stored} (views)"
     if a.op_type in ("MaxPool", "AveragePool"):
         return f"{pattern} {dims(x)} {dims(a.attrs['kernel_shape'])} s{a.attrs['strides'][0]}"
     out = graph.tensors[node.outputs[0]].shape

@@ -78,23 +78,32 @@ def attention(t=37, heads=4, dim=16, batch=1, extra_use=False, k_first=False):
                       outputs, inits)
 
 
+def _nodes(model):
+    return passes.optimize(from_onnx(model.SerializeToString()), fuse_ops=False).topo()
+
+
 def _ops(model):
-    g = passes.optimize(from_onnx(model.SerializeToString()), fuse_ops=False)
-    return [n.op_type for n in g.topo()]
+    return [n.op_type for n in _nodes(model)]
 
 
 @pytest.mark.parametrize("kw", [{}, {"batch": 2}, {"k_first": True}])
-def test_heads_are_read_in_place(kw):
-    ops = _ops(attention(**kw))
-    # Q (A of Q K^T) and V (B of P V, its columns contiguous) are views; K^T's columns are a row
-    # apart, so K keeps its transpose, as does the output's (nothing after it is a matmul)
+def test_heads_are_read_and_stored_in_place(kw):
+    nodes = _nodes(attention(**kw))
+    ops = [n.op_type for n in nodes]
+    # Q (A of Q K^T) and V (B of P V, its columns contiguous) are read as views and P V stores the
+    # heads merged back; K^T's columns would be a row apart, read or stored: K keeps its transpose
     assert ops.count("StridedMatMul") == 2 and "MatMul" not in ops
-    assert ops.count("Transpose") == (3 if kw.get("k_first") else 2)
+    assert ops.count("Transpose") == (2 if kw.get("k_first") else 1)
+    stored = [n for n in nodes if "y_strides" in n.attrs]
+    assert [n.op_type for n in stored] == ["StridedMatMul"]
+    batch = 37 * 64 if kw.get("batch", 1) > 1 else 0
+    assert stored[0].attrs["y_strides"] == [batch, 16, 64, 1]      # [b, h, t, d] -> [b, t, h x d]
 
 
 def test_a_chain_that_is_also_a_model_output_stays():
     ops = _ops(attention(extra_use=True))
     assert ops.count("StridedMatMul") == 1 and ops.count("MatMul") == 1    # Q is needed as it is
+    assert ops.count("Transpose") == 2                                      # (and K^T)
 
 
 @pytest.mark.parametrize("kw", [{}, {"t": 16, "batch": 2, "heads": 2, "dim": 32}, {"k_first": True, "t": 9}])
@@ -119,6 +128,7 @@ def _view_tasks(model):
 def test_strided_matmul_kernels_under_sampled_schedules():
     tasks = _view_tasks(attention(t=21, batch=2))
     assert len(tasks) == 2 and {t.template for t in tasks} == {"batch_matmul"}
+    assert "->" in tasks[1].desc
     for task in tasks:
         wl = Workload(task.workload)
         assert wl.anchor.op == "StridedMatMul"
@@ -141,6 +151,15 @@ def test_a_crafted_view_is_refused_by_name(edit, says):
     wl = copy.deepcopy(_view_tasks(attention())[0].workload)
     edit(wl["ops"][0]["attrs"])
     with pytest.raises(DocumentError, match=f"StridedMatMul.*{says}"):
+        check_workload(wl)
+
+
+@pytest.mark.parametrize("strides", [[0, 0, 0, 0], [2048, 16, 32, 1], [2048, 1, 64, 16], [1, 2, 3]])
+def test_a_crafted_store_that_is_not_every_element_once_is_refused(strides):
+    """Two elements stored in one place would race, one never stored would be garbage."""
+    wl = copy.deepcopy(_view_tasks(attention(batch=2, t=32, heads=4, dim=16))[1].workload)
+    wl["ops"][0]["attrs"]["y_strides"] = strides
+    with pytest.raises(DocumentError, match="every element written once"):
         check_workload(wl)
 
 

@@ -59,9 +59,11 @@ class Dense(Template):
         vals = knob_values(cfg)
         NR = vals["tile_n"]
         x_arg, w_arg, b_arg = anchor_operands(wl)
+        y_strides = wl.anchor.attr("y_strides")
         g = Gemm(M=M, K=K, N=N, a=f"in{x_arg}", b="w", b_packed=True,
-                 out_shape=wl.outputs[0].shape, row_dims=tuple(x.shape[:-1]),
-                 bias="bias" if b_arg is not None else None)
+                 out_shape=tuple(x.shape[:-1]) + (N,), row_dims=tuple(x.shape[:-1]),
+                 bias="bias" if b_arg is not None else None,
+                 out_strides=tuple(y_strides) if y_strides is not None else None)
         args, dtypes = packed_args(wl, x_arg, b_arg is not None)
         src = gemm_source(wl, g, vals, args, dtypes)
         return Kernel(src, args, packer(w_arg, b_arg, lambda w: pack_b(w, NR)))

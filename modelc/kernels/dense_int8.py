@@ -38,7 +38,8 @@ class DenseInt8(Template):
 
     def matches(self, wl: Workload) -> bool:
         form = dot_form(target.current())
-        if wl.anchor.op != "Dense" or form is None or x_min(wl) is None or not wl.anchor.attr("exact", 0):
+        if wl.anchor.op != "Dense" or form is None or x_min(wl) is None or not wl.anchor.attr("exact", 0) \
+                or "y_strides" in wl.anchor.attrs:
             return False
         if not get(self.alternative_to).matches(wl):
             return False

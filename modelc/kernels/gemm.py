@@ -13,7 +13,8 @@ activation, residual add ...) is applied to the tile as it is stored; columns pa
 stored. A last M tile that would run past M is shifted up to end at M and stores only its rows
 not stored yet, so no element is written twice (a residual input may share the output buffer).
 Operands may be strided views of their tensors (StridedMatMul: attention's heads read in place),
-B's columns contiguous; then every offset is written out flat from the views' strides.
+B's columns contiguous; then every offset is written out flat from the views' strides. The result
+may be stored through strides too (`out_strides`: attention's heads merged back as they are stored).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ModelcError
+from ..ops.internal import stored_shape
 from .codegen import ParallelItem, shifted_start, unravel_index
 from .expr import SUPPORTED
 from .intrinsics import calls_polynomial
@@ -49,6 +51,7 @@ class Gemm:
     bias: str | None = None             # kernel argument of a bias [N]
     a_strides: tuple | None = None      # a strided view: element strides of (*a_batch, M, K)
     b_strides: tuple | None = None      # ... and of (*b_batch, K, N)
+    out_strides: tuple | None = None    # stored transposed: element strides of (*batch, *row_dims, N)
 
     def __post_init__(self):
         if self.row_dims is None:
@@ -247,17 +250,29 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
     return source(args, dtypes, body, views=views, reassoc=calls_polynomial(body))
 
 
+def _row_offset(g: Gemm, bidx: list, ridx: list) -> tuple:
+    """(the flat offset of row m's column n0 as source, the column's offset of lane j)."""
+    M, N = g.M, g.N
+    if g.out_strides is None:
+        return f"np.uintp((bi * {M} + m) * {N} + n0)", "np.uintp(j)"
+    st = g.out_strides
+    terms = [f"{i} * {s}" for i, s in zip(list(bidx) + list(ridx), st[:-1]) if i != "0" and s]
+    sn = st[-1]
+    terms.append("n0" if sn == 1 else f"n0 * {sn}")
+    return f"np.uintp({' + '.join(terms)})", "np.uintp(j)" if sn == 1 else f"np.uintp(j * {sn})"
+
+
 def _store(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bool, ragged_n: bool,
            gbase: str) -> list:
     """Bias + epilogue + store of the MR x NR tile (a loop over its rows); only rows >= skip and
     columns < N are stored."""
-    M, N = g.M, g.N
     _, bidx = unravel_index("bi", g.batch, "b")     # computed at the item's start
     lines = [f"{ind}for r in range({'skip, ' if shift else ''}{MR}):",
              f"{ind}    m = m0 + r"]
     rl, ridx = unravel_index("m", g.row_dims, "r")
     lines += [f"{ind}    {ln}" for ln in rl]
-    lines += [f"{ind}    ob = np.uintp((bi * {M} + m) * {N} + n0)",
+    ob, col = _row_offset(g, bidx, ridx)
+    lines += [f"{ind}    ob = {ob}",
               f"{ind}    ra = {gbase}r * {NR}",
               f"{ind}    for j in range({'nv' if ragged_n else NR}):"]
     pre = ind + "        "
@@ -269,7 +284,7 @@ def _store(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bool, ragge
     el, final = epilogue(wl, wl.epilogue, v, idx, g.out_shape, wl.outputs[0].dtype,
                          f"v{wl.anchor.index}", fast_erf=True)
     lines += [pre + ln for ln in el]
-    lines.append(f"{pre}out0[ob + np.uintp(j)] = {final}")
+    lines.append(f"{pre}out0[ob + {col}] = {final}")
     return lines
 
 
@@ -277,7 +292,6 @@ def _store_unrolled(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bo
                     gbase: str) -> list:
     """`_store` with the tile's MR rows written out in the source (constant accumulator offsets)."""
     lines = []
-    M, N = g.M, g.N
     _, bidx = unravel_index("bi", g.batch, "b")
     for r in range(MR):
         pre = ind
@@ -287,7 +301,8 @@ def _store_unrolled(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bo
         lines.append(f"{pre}m = m0 + {r}")
         rl, ridx = unravel_index("m", g.row_dims, f"r{r}_")
         lines += [pre + ln for ln in rl]
-        lines.append(f"{pre}ob = np.uintp((bi * {M} + m) * {N} + n0)")
+        ob, col = _row_offset(g, bidx, ridx)
+        lines.append(f"{pre}ob = {ob}")
         lines.append(f"{pre}for j in range({'nv' if ragged_n else NR}):")
         v = f"acc[{gbase}{r * NR} + j]"
         if g.bias:
@@ -297,7 +312,7 @@ def _store_unrolled(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bo
         el, final = epilogue(wl, wl.epilogue, v, idx, g.out_shape, wl.outputs[0].dtype,
                              f"v{wl.anchor.index}", var=f"e{r}_", fast_erf=True)
         lines += [pre + "    " + ln for ln in el]
-        lines.append(f"{pre}    out0[ob + np.uintp(j)] = {final}")
+        lines.append(f"{pre}    out0[ob + {col}] = {final}")
     return lines
 
 
@@ -316,10 +331,19 @@ def plain(t) -> bool:
 
 def epilogue_ok(wl: Workload, anchor_shape: tuple) -> bool:
     """The GEMM stores one plain float32 output: the end of an elementwise chain of the
-    anchor's shape, whose inputs broadcast against it and whose constants are scalars."""
+    anchor's shape, whose inputs broadcast against it and whose constants are scalars; or, for a
+    product stored through strides (`y_strides`), the product alone."""
     if len(wl.outputs) != 1 or not plain(wl.outputs[0]):
         return False
     out = wl.outputs[0]
+    a = wl.anchor
+    if "y_strides" in a.attrs or "y_shape" in a.attrs:
+        try:
+            shape = stored_shape(tuple(anchor_shape), a.attrs.get("y_shape"), a.attrs.get("y_strides"))
+        except ValueError:
+            return False
+        return not wl.epilogue and out.shape == shape and out.dtype == np.float32 and \
+            wl.output_values[0] == f"v{a.index}"
     if out.shape != tuple(anchor_shape) or out.dtype != np.float32:
         return False
     if wl.output_values[0] != f"v{wl.ops[-1].index}":

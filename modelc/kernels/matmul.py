@@ -105,7 +105,8 @@ class BatchMatMul(Template):
         g = Gemm(M=M, K=K, N=N, a=f"in{a_arg}", b=bname, b_packed=d["packed"], out_shape=d["out"],
                  batch=d["batch"], a_batch=d["a_batch"], b_batch=d["b_batch"],
                  row_dims=() if d["a1"] else (M,), col_dims=() if d["b1"] else (N,),
-                 a_strides=d["a_strides"], b_strides=d["b_strides"])
+                 a_strides=d["a_strides"], b_strides=d["b_strides"],
+                 out_strides=tuple(op.attrs["y_strides"]) if "y_strides" in op.attrs else None)
         args = ["out0", f"in{a_arg}"] + ([] if same and not d["packed"] else [bname])
         args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if f"in{k}" not in args]
         dtypes = [np.float32 if s in ("out0", "w") else wl.inputs[int(s[2:])].dtype for s in args]

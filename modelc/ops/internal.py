@@ -10,18 +10,51 @@ from .registry import Kind, register
 CONVS = ("Conv", "ScaledConv")
 
 
-def _dense_shape(x, w, b=None, *, exact=0, x_min=None):
-    return x.shape[:-1] + (w.shape[1],), x.dtype
+def _dense_shape(x, w, b=None, *, exact=0, x_min=None, y_shape=None, y_strides=None):
+    return stored_shape(x.shape[:-1] + (w.shape[1],), y_shape, y_strides), x.dtype
 
 
 @register("Dense", Kind.OUT_ELEMWISE_FUSABLE, infer=_dense_shape)
-def dense(x, w, b=None, *, exact=0, x_min=None):
+def dense(x, w, b=None, *, exact=0, x_min=None, y_shape=None, y_strides=None):
     """y = x @ w + b with a constant w[K, N]: what MatMul/Gemm with weights and a bias become
-    (`exact` and `x_min`: a quantized product's, as on Conv: ops/conv.py)."""
+    (`exact` and `x_min`: a quantized product's, as on Conv: ops/conv.py; `y_shape`, `y_strides`:
+    stored transposed, passes/matmul_views.py)."""
     y = np.matmul(x, w)
     if b is not None:
         y = y + b
-    return y.astype(x.dtype, copy=False)
+    return store_view(y.astype(x.dtype, copy=False), y_shape, y_strides)
+
+
+def stored_shape(shape: tuple, y_shape, y_strides) -> tuple:
+    """The shape an op of result `shape` stores: `y_shape` when its result is written through the
+    strides `y_strides` (one per result dim) into a row-major tensor of that shape - every element
+    exactly once, as a reshape or transpose would have (attributes can come from an untrusted
+    document: two elements written to one place would race, one never written would be garbage)."""
+    if y_shape is None and y_strides is None:
+        return tuple(shape)
+    ok = isinstance(y_shape, (list, tuple)) and isinstance(y_strides, (list, tuple)) and \
+        len(y_strides) == len(shape) and len(y_shape) <= 8 and \
+        all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v <= 1 << 40
+            for v in (*y_shape, *y_strides))
+    if ok:
+        size = int(np.prod(shape, dtype=np.int64))
+        ok = int(np.prod(y_shape, dtype=np.int64)) == size
+        expect = 1
+        for s, d in sorted((int(s), int(d)) for s, d in zip(y_strides, shape) if d > 1):
+            ok = ok and s == expect
+            expect *= d
+    if not ok:
+        raise ValueError(f"a result {list(shape)} stored as {y_shape} through strides {y_strides}: "
+                         f"expected every element written once, one stride per result dim")
+    return tuple(int(d) for d in y_shape)
+
+
+def store_view(y: np.ndarray, y_shape, y_strides) -> np.ndarray:
+    if y_shape is None:
+        return y
+    out = np.empty(int(np.prod(y_shape, dtype=np.int64)), y.dtype)
+    np.lib.stride_tricks.as_strided(out, y.shape, [s * out.itemsize for s in y_strides])[...] = y
+    return out.reshape(y_shape)
 
 
 def _scaled_conv_shape(x, w, b=None, s=None, **attrs):
@@ -66,21 +99,23 @@ def _view(x, shape, strides):
     return np.lib.stride_tricks.as_strided(flat, shape, [s * flat.itemsize for s in strides], writeable=False)
 
 
-def _strided_matmul_shape(a, b, *, a_shape, a_strides, b_shape, b_strides):
+def _strided_matmul_shape(a, b, *, a_shape, a_strides, b_shape, b_strides, y_shape=None, y_strides=None):
     from .linalg import matmul_shape
     sa, _ = check_view(a, a_shape, a_strides, "A")
     sb, _ = check_view(b, b_shape, b_strides, "B")
     if a.dtype != b.dtype:
         raise ValueError(f"StridedMatMul of {a.dtype} and {b.dtype}")
-    return matmul_shape(sa, sb), a.dtype
+    return stored_shape(matmul_shape(sa, sb), y_shape, y_strides), a.dtype
 
 
 @register("StridedMatMul", Kind.OUT_ELEMWISE_FUSABLE, infer=_strided_matmul_shape)
-def strided_matmul(a, b, *, a_shape, a_strides, b_shape, b_strides):
+def strided_matmul(a, b, *, a_shape, a_strides, b_shape, b_strides, y_shape=None, y_strides=None):
     """MatMul of strided views of two tensors: a MatMul whose operands were reshapes and transposes
-    of them (attention's heads split from one [tokens, heads x dim] tensor, K transposed), which the
-    matmul kernel reads in place instead of copying first (passes/matmul_views.py)."""
-    return np.matmul(_view(a, a_shape, a_strides), _view(b, b_shape, b_strides))
+    of them (attention's heads split from one [tokens, heads x dim] tensor), which the matmul kernel
+    reads in place instead of copying first; its result may be stored transposed too (the heads
+    merged back): passes/matmul_views.py."""
+    y = np.matmul(_view(a, a_shape, a_strides), _view(b, b_shape, b_strides))
+    return store_view(y, y_shape, y_strides)
 
 
 def _mul_add_shape(a, b, c):

@@ -67,8 +67,13 @@ def _anchor_allow(graph: Graph, shape, dtype, anchor: Node | None = None):
     # an injective group. A quantized conv's epilogue may end in a cast to the bytes the next
     # one reads (passes/byte_inputs.py), which its templates store in the blocked layout
     to_bytes = anchor is not None and anchor.op_type == "Conv" and bool(anchor.attrs.get("exact", 0))
+    # a product stored transposed (passes/matmul_views.py) ends its group: an epilogue would index
+    # the stored tensor by the product's dims
+    stored = anchor is not None and "y_strides" in anchor.attrs
 
     def allow(node, state):
+        if stored:
+            return False
         k = _kind(node)
         out = graph.tensors[node.outputs[0]]
         return k <= Kind.BROADCAST and node.op_type in EPILOGUE_OPS and out.shape == shape and \

@@ -228,6 +228,8 @@ def _matmul(b, op, wl):
     a, w = b.value(op.args[0]), b.value(op.args[1])
     if len(a.shape) < 2 and op.op == "MatMul" or len(w.shape) < 2 or a.dtype != w.dtype or a.dtype == "bool":
         raise Unsupported("MatMul form")
+    if "y_strides" in op.attrs:
+        raise Unsupported("a product stored transposed")
     out_shape = tuple(wl.spec(f"v{op.index}").shape)
     K = a.shape[-1]
     if w.shape[-2] != K:
