@@ -171,3 +171,33 @@ def test_the_matmul_refuses_columns_apart():
     attrs["b_strides"] = attrs["b_strides"][:-2] + [attrs["b_strides"][-1], attrs["b_strides"][-2]]
     check_workload(wl)
     assert not get("batch_matmul").matches(Workload(wl))
+
+
+def row_attention(c=16, hw=6):
+    """conv [C, H, W] -> per row h: softmax(F_h F_h^T) F_h with F_h = [C, W] -> back to [C, H, W] -> conv:
+    a conv's output read through views and the product stored through one, next to convs."""
+    rng = np.random.default_rng(c)
+    inits = [numpy_helper.from_array((rng.standard_normal((c, 8, 3, 3)) * 0.2).astype(np.float32), "w0"),
+             numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32), "w1")]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["f"], pads=[1] * 4),
+             helper.make_node("Transpose", ["f"], ["fa"], perm=[0, 2, 1, 3]),      # [1, H, C, W]
+             helper.make_node("Transpose", ["f"], ["fb"], perm=[0, 2, 3, 1]),      # [1, H, W, C]
+             helper.make_node("Transpose", ["f"], ["fc"], perm=[0, 2, 1, 3]),
+             helper.make_node("MatMul", ["fa", "fb"], ["s"]),                      # [1, H, C, C]
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "fc"], ["o"]),                       # [1, H, C, W]
+             helper.make_node("Transpose", ["o"], ["g"], perm=[0, 2, 1, 3]),       # [1, C, H, W]
+             helper.make_node("Conv", ["g", "w1"], ["y"], pads=[1] * 4)]
+    return onnx_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, hw, hw])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, hw, hw])], inits)
+
+
+def test_views_next_to_convolutions_match_onnxruntime():
+    model = row_attention()
+    ops = _ops(model)
+    assert ops.count("StridedMatMul") == 2 and ops.count("Transpose") == 1      # (F_h^T: columns apart)
+    mod = modelc.compile(model.SerializeToString())
+    assert not mod.fallbacks
+    x = np.random.default_rng(4).standard_normal((1, 8, 6, 6)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(mod(x) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
