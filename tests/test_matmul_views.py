@@ -1,7 +1,8 @@
-"""Reshapes and transposes that feed a MatMul become strided views it reads in place
-(passes/matmul_views.py, StridedMatMul): which chains are views, where the rewrite applies and where
-it must not, the GEMM under sampled schedules, compiled attention against onnxruntime, and a crafted
-view in a document."""
+"""Reshapes, transposes, slices and gathers that feed a MatMul become strided views it reads in
+place, and those after a product views it stores through (passes/matmul_views.py, StridedMatMul);
+sibling projections become one Dense (passes/merge_dense.py): which chains are views, where the
+rewrites apply and where they must not, the GEMM under sampled schedules, compiled attention in
+every exporter's form against onnxruntime, and crafted views in a document."""
 from __future__ import annotations
 
 import copy
@@ -19,34 +20,41 @@ from modelc.kernels import templates  # noqa: F401  (registers every template)
 from modelc.kernels import testing
 from modelc.kernels.template import get
 from modelc.kernels.workload import Workload
-from modelc.passes.matmul_views import strides_of
+from modelc.passes.matmul_views import view_of
 from modelc.tune.tuning import tuning_tasks
 from modelc.validate import check_workload
 from workloads import onnx_model
 
 
+def _T(perm):
+    return lambda v: np.transpose(v, perm)
+
+
+def _R(shape):
+    return lambda v: v.reshape(shape)
+
+
 @pytest.mark.parametrize("shape, steps, view", [
-    ((2, 6, 8), [("R", (2, 6, 2, 4)), ("T", [0, 2, 1, 3])], True),     # heads split off, as Q and V
-    ((2, 6, 8), [("R", (2, 6, 2, 4)), ("T", [0, 2, 3, 1])], True),     # K^T
-    ((4, 6), [("T", [1, 0]), ("R", (24,))], False),                    # a transpose flattened: a copy
-    ((4, 6), [("T", [1, 0]), ("R", (6, 2, 2))], True),                 # splitting a strided axis
-    ((4, 6), [("T", [1, 0]), ("R", (3, 8))], False),
-    ((1, 5, 1, 7), [("R", (5, 7)), ("T", [1, 0]), ("R", (7, 1, 5))], True),
+    ((2, 6, 8), [_R((2, 6, 2, 4)), _T([0, 2, 1, 3])], (0, (48, 4, 8, 1))),     # heads split off: Q, V
+    ((2, 6, 8), [_R((2, 6, 2, 4)), _T([0, 2, 3, 1])], (0, (48, 4, 1, 8))),     # K^T
+    ((4, 6), [_T([1, 0]), _R((24,))], None),                                    # a transpose flattened
+    ((4, 6), [_T([1, 0]), _R((6, 2, 2))], (0, (1, 12, 6))),                     # a strided axis split
+    ((4, 6), [_T([1, 0]), _R((3, 8))], None),
+    ((1, 5, 1, 7), [_R((5, 7)), _T([1, 0]), _R((7, 1, 5))], (0, (1, 0, 7))),
+    ((6, 12), [lambda v: v[:, 4:8]], (4, (12, 1))),                             # a slice: an offset
+    ((6, 3, 4), [lambda v: v[:, 2], _T([1, 0])], (8, (1, 12))),                 # a gather of one index
+    ((6, 12), [lambda v: v[:, ::-1]], None),                                    # backwards
+    ((6, 12), [lambda v: v[:, [0, 1, 3]]], None),                               # gaps
 ])
 def test_which_chains_are_strided_views(shape, steps, view):
-    got = strides_of(shape, steps)
-    assert (got is not None) == view
-    v = np.arange(int(np.prod(shape))).reshape(shape)
-    for kind, arg in steps:
-        v = np.transpose(v, arg) if kind == "T" else v.reshape(arg)
-    if view:
-        flat = np.arange(int(np.prod(shape)))
-        seen = np.lib.stride_tricks.as_strided(flat, v.shape, [s * flat.itemsize for s in got])
-        assert np.array_equal(seen, v)
+    assert view_of(shape, steps) == view
 
 
-def attention(t=37, heads=4, dim=16, batch=1, extra_use=False, k_first=False):
-    """x [batch, t, heads x dim] -> Q, K, V (dense) -> heads -> softmax(Q K^T / 4) V -> [batch, t, heads x dim]."""
+def attention(t=37, heads=4, dim=16, batch=1, extra_use=False, k_first=False, fused=None, q_scale=False):
+    """x [batch, t, heads x dim] -> Q, K, V (dense) -> heads -> softmax(Q K^T / 4) V -> [batch, t, heads x dim].
+    `fused`: one projection to [.., 3 x heads x dim], split as exporters do: "slice" (a Slice per
+    part, then heads) or "gather" (torch's MultiheadAttention: [.., 3, heads, dim] moved first, then
+    Gather 0, 1 and 2)."""
     rng = np.random.default_rng(t + heads)
     e = heads * dim
     inits = [numpy_helper.from_array((rng.standard_normal((e, e)) * 0.2).astype(np.float32), f"w{n}")
@@ -55,16 +63,38 @@ def attention(t=37, heads=4, dim=16, batch=1, extra_use=False, k_first=False):
               numpy_helper.from_array(np.array([batch, t, e], np.int64), "merge"),
               numpy_helper.from_array(np.array(4.0, np.float32), "scale")]
     nodes = []
-    for n in "qkv":
-        nodes += [helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}0"]),
-                  helper.make_node("Reshape", [f"{n}0", "split"], [f"{n}1"])]
-    nodes += [helper.make_node("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),
-              helper.make_node("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3])]
-    if k_first:     # K^T as K's heads, then the last two axes swapped
-        nodes += [helper.make_node("Transpose", ["k1"], ["k2"], perm=[0, 2, 1, 3]),
-                  helper.make_node("Transpose", ["k2"], ["k"], perm=[0, 1, 3, 2])]
+    if fused:
+        inits.append(numpy_helper.from_array(
+            np.concatenate([numpy_helper.to_array(w) for w in inits[:3]], axis=1), "wqkv"))
+        nodes.append(helper.make_node("MatMul", ["x", "wqkv"], ["qkv"]))
+    if fused == "gather":
+        inits += [numpy_helper.from_array(np.array([batch, t, 3, heads, dim], np.int64), "split3")]
+        inits += [numpy_helper.from_array(np.array(i, np.int64), f"i{n}") for i, n in enumerate("qkv")]
+        nodes += [helper.make_node("Reshape", ["qkv", "split3"], ["qkv5"]),
+                  helper.make_node("Transpose", ["qkv5"], ["qkvt"], perm=[2, 0, 3, 1, 4])]    # [3, b, h, t, d]
+        nodes += [helper.make_node("Gather", ["qkvt", f"i{n}"], [f"{n}h"], axis=0) for n in "qkv"]
+        nodes += [helper.make_node("Identity", ["qh"], ["q"]), helper.make_node("Identity", ["vh"], ["v"]),
+                  helper.make_node("Transpose", ["kh"], ["k"], perm=[0, 1, 3, 2])]
     else:
-        nodes.append(helper.make_node("Transpose", ["k1"], ["k"], perm=[0, 2, 3, 1]))
+        for j, n in enumerate("qkv"):
+            if fused == "slice":
+                inits += [numpy_helper.from_array(np.array([j * e], np.int64), f"s{n}"),
+                          numpy_helper.from_array(np.array([(j + 1) * e], np.int64), f"e{n}"),
+                          numpy_helper.from_array(np.array([-1], np.int64), f"a{n}")]
+                nodes.append(helper.make_node("Slice", ["qkv", f"s{n}", f"e{n}", f"a{n}"], [f"{n}0"]))
+            elif n == "q" and q_scale:      # Q scaled before its heads split: an epilogue of its dense
+                nodes += [helper.make_node("MatMul", ["x", "wq"], ["qm"]),
+                          helper.make_node("Div", ["qm", "scale"], ["q0"])]
+            else:
+                nodes.append(helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}0"]))
+            nodes.append(helper.make_node("Reshape", [f"{n}0", "split"], [f"{n}1"]))
+        nodes += [helper.make_node("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3])]
+        if k_first:     # K^T as K's heads, then the last two axes swapped
+            nodes += [helper.make_node("Transpose", ["k1"], ["k2"], perm=[0, 2, 1, 3]),
+                      helper.make_node("Transpose", ["k2"], ["k"], perm=[0, 1, 3, 2])]
+        else:
+            nodes.append(helper.make_node("Transpose", ["k1"], ["k"], perm=[0, 2, 3, 1]))
     nodes += [helper.make_node("MatMul", ["q", "k"], ["s0"]),
               helper.make_node("Div", ["s0", "scale"], ["s"]),
               helper.make_node("Softmax", ["s"], ["p"], axis=-1),
@@ -102,11 +132,38 @@ def test_heads_are_read_and_stored_in_place(kw):
 
 def test_a_chain_that_is_also_a_model_output_stays():
     ops = _ops(attention(extra_use=True))
-    assert ops.count("StridedMatMul") == 1 and ops.count("MatMul") == 1    # Q is needed as it is
-    assert ops.count("Transpose") == 2                                      # (and K^T)
+    assert ops.count("StridedMatMul") == 2          # Q x K^T reads Q's heads where the dense put them,
+    assert ops.count("Transpose") == 2              # and Q's transpose stays for the output (and K^T)
 
 
-@pytest.mark.parametrize("kw", [{}, {"t": 16, "batch": 2, "heads": 2, "dim": 32}, {"k_first": True, "t": 9}])
+def test_q_k_and_v_projections_become_one_dense():
+    dense = [n for n in _nodes(attention()) if n.op_type == "Dense"]
+    assert len(dense) == 1 and dense[0].inputs[0] == "x"
+    w = numpy_helper.to_array(next(i for i in attention().graph.initializer if i.name == "wk"))
+    merged = passes.optimize(from_onnx(attention().SerializeToString()), fuse_ops=False).value(dense[0].inputs[1])
+    assert merged.shape == (64, 192) and np.array_equal(merged[:, 64:128], w)
+
+
+def test_a_projection_with_an_epilogue_keeps_its_own_dense():
+    dense = [n for n in _nodes(attention(q_scale=True)) if n.op_type == "Dense"]
+    assert len(dense) == 2      # Q's (its Div fuses into it), and K's and V's together
+
+
+@pytest.mark.parametrize("fused", ["slice", "gather"])
+def test_q_and_v_are_read_where_one_projection_put_them(fused):
+    nodes = _nodes(attention(fused=fused, batch=2))
+    ops = [n.op_type for n in nodes]
+    assert ops.count("StridedMatMul") == 2 and "MatMul" not in ops
+    e, t = 64, 37
+    qk, pv = [n for n in nodes if n.op_type == "StridedMatMul"]
+    assert qk.attrs.get("a_offset", 0) == 0 and pv.attrs["b_offset"] == 2 * e      # Q at 0, V at 2E
+    assert qk.attrs["a_strides"] == [t * 3 * e, 16, 3 * e, 1]                      # [b, h, t, d] of [b, t, 3E]
+    # K^T's columns would be apart: K is still copied, by one kernel (slice or gather, and transpose)
+    assert set(ops) - {"Dense", "StridedMatMul", "Div", "Softmax"} <= {"Slice", "Gather", "Reshape", "Transpose"}
+
+
+@pytest.mark.parametrize("kw", [{}, {"t": 16, "batch": 2, "heads": 2, "dim": 32}, {"k_first": True, "t": 9},
+                                {"fused": "slice", "batch": 2}, {"fused": "gather", "t": 20}, {"q_scale": True}])
 def test_compiled_attention_matches_onnxruntime(kw, tmp_path):
     model = attention(**kw)
     mod = modelc.compile(model.SerializeToString())

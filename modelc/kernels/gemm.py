@@ -52,6 +52,8 @@ class Gemm:
     a_strides: tuple | None = None      # a strided view: element strides of (*a_batch, M, K)
     b_strides: tuple | None = None      # ... and of (*b_batch, K, N)
     out_strides: tuple | None = None    # stored transposed: element strides of (*batch, *row_dims, N)
+    a_offset: int = 0                   # the views' first elements
+    b_offset: int = 0
 
     def __post_init__(self):
         if self.row_dims is None:
@@ -130,8 +132,10 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
     if viewed:      # ba, bb: element offsets of the operands' batch
         a_st = g.a_strides or _row_major(tuple(g.a_batch) + (M, K))
         b_st = g.b_strides or _row_major(tuple(g.b_batch) + (K, N))
-        ba = batch_strided(bidx, g.batch, g.a_batch, a_st[:-2])
-        bb = batch_strided(bidx, g.batch, g.b_batch, b_st[:-2])
+        ba = " + ".join(t for t in (batch_strided(bidx, g.batch, g.a_batch, a_st[:-2]), str(g.a_offset))
+                        if t != "0") or "0"
+        bb = " + ".join(t for t in (batch_strided(bidx, g.batch, g.b_batch, b_st[:-2]), str(g.b_offset))
+                        if t != "0") or "0"
     else:
         ba = batch_offset(bidx, g.batch, g.a_batch)
         bb = batch_offset(bidx, g.batch, g.b_batch)

@@ -31,8 +31,8 @@ def _views(wl: Workload):
     op = wl.anchor
     if op.op != "StridedMatMul":
         return None
-    return tuple(check_view(wl.spec(op.args[i]), op.attrs[f"{s}_shape"], op.attrs[f"{s}_strides"], s.upper())
-                 for i, s in enumerate("ab"))
+    return tuple(check_view(wl.spec(op.args[i]), op.attrs[f"{s}_shape"], op.attrs[f"{s}_strides"], s.upper(),
+                            op.attrs.get(f"{s}_offset", 0)) for i, s in enumerate("ab"))
 
 
 def _dims(wl: Workload):
@@ -106,6 +106,7 @@ class BatchMatMul(Template):
                  batch=d["batch"], a_batch=d["a_batch"], b_batch=d["b_batch"],
                  row_dims=() if d["a1"] else (M,), col_dims=() if d["b1"] else (N,),
                  a_strides=d["a_strides"], b_strides=d["b_strides"],
+                 a_offset=op.attrs.get("a_offset", 0), b_offset=op.attrs.get("b_offset", 0),
                  out_strides=tuple(op.attrs["y_strides"]) if "y_strides" in op.attrs else None)
         args = ["out0", f"in{a_arg}"] + ([] if same and not d["packed"] else [bname])
         args += [f"in{k}" for k in epilogue_inputs(wl.epilogue) if f"in{k}" not in args]

@@ -74,7 +74,7 @@ def scaled_conv(x, w, b=None, s=None, **attrs):
     return conv((x * s).astype(x.dtype, copy=False), w, b, **attrs)
 
 
-def check_view(x, shape, strides, name: str) -> tuple:
+def check_view(x, shape, strides, name: str, offset=0) -> tuple:
     """A strided view of `x`'s row-major elements (what StridedMatMul reads): as many positive
     dimensions as strides, strides >= 0, its last element inside `x` (attributes can come from an
     untrusted document: a view past the end would read other memory)."""
@@ -86,35 +86,40 @@ def check_view(x, shape, strides, name: str) -> tuple:
                     for s in strides):
         raise ValueError(f"StridedMatMul's {name} view {shape} / {strides}: expected 2-8 positive "
                          f"dimensions and as many non-negative strides")
+    if not isinstance(offset, (int, np.integer)) or isinstance(offset, bool) or not 0 <= offset <= 1 << 40:
+        raise ValueError(f"StridedMatMul's {name} view starts at {offset!r}: expected a non-negative element")
     size = int(np.prod(x.shape, dtype=np.int64))
-    last = sum((int(d) - 1) * int(s) for d, s in zip(shape, strides))
+    last = int(offset) + sum((int(d) - 1) * int(s) for d, s in zip(shape, strides))
     if last >= size:
         raise ValueError(f"StridedMatMul's {name} view {list(shape)} / {list(strides)} reads element "
                          f"{last} of a tensor of {size}")
     return tuple(int(d) for d in shape), tuple(int(s) for s in strides)
 
 
-def _view(x, shape, strides):
-    flat = np.ascontiguousarray(x).reshape(-1)
+def _view(x, shape, strides, offset):
+    flat = np.ascontiguousarray(x).reshape(-1)[offset:]
     return np.lib.stride_tricks.as_strided(flat, shape, [s * flat.itemsize for s in strides], writeable=False)
 
 
-def _strided_matmul_shape(a, b, *, a_shape, a_strides, b_shape, b_strides, y_shape=None, y_strides=None):
+def _strided_matmul_shape(a, b, *, a_shape, a_strides, b_shape, b_strides, a_offset=0, b_offset=0,
+                          y_shape=None, y_strides=None):
     from .linalg import matmul_shape
-    sa, _ = check_view(a, a_shape, a_strides, "A")
-    sb, _ = check_view(b, b_shape, b_strides, "B")
+    sa, _ = check_view(a, a_shape, a_strides, "A", a_offset)
+    sb, _ = check_view(b, b_shape, b_strides, "B", b_offset)
     if a.dtype != b.dtype:
         raise ValueError(f"StridedMatMul of {a.dtype} and {b.dtype}")
     return stored_shape(matmul_shape(sa, sb), y_shape, y_strides), a.dtype
 
 
 @register("StridedMatMul", Kind.OUT_ELEMWISE_FUSABLE, infer=_strided_matmul_shape)
-def strided_matmul(a, b, *, a_shape, a_strides, b_shape, b_strides, y_shape=None, y_strides=None):
+def strided_matmul(a, b, *, a_shape, a_strides, b_shape, b_strides, a_offset=0, b_offset=0,
+                   y_shape=None, y_strides=None):
     """MatMul of strided views of two tensors: a MatMul whose operands were reshapes and transposes
-    of them (attention's heads split from one [tokens, heads x dim] tensor), which the matmul kernel
-    reads in place instead of copying first; its result may be stored transposed too (the heads
-    merged back): passes/matmul_views.py."""
-    y = np.matmul(_view(a, a_shape, a_strides), _view(b, b_shape, b_strides))
+    of them, slices or gathers of constant indices included (attention's heads split from one
+    [tokens, heads x dim] tensor, or Q, K and V from one projection), which the matmul kernel reads in
+    place instead of copying first (`a_offset`: the view's first element); its result may be stored
+    transposed too (the heads merged back): passes/matmul_views.py."""
+    y = np.matmul(_view(a, a_shape, a_strides, a_offset), _view(b, b_shape, b_strides, b_offset))
     return store_view(y, y_shape, y_strides)
 
 

@@ -13,6 +13,7 @@ from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
 from .fuse import fuse
 from .matmul_views import fold_matmul_views
+from .merge_dense import merge_sibling_dense
 from .norms import lower_norms
 from .patterns import recognise_patterns
 from .scale_conv import scale_into_conv
@@ -31,6 +32,7 @@ PIPELINE = [
     lower_norms,
     to_dense,
     scale_into_conv,
+    merge_sibling_dense,
     fold_matmul_views,
     eliminate_common_subexpressions,
     eliminate_dead_code,

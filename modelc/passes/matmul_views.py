@@ -16,81 +16,96 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import ops
 from ..ir import Graph, Node
 from .util import only_consumer
 
-VIEW_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")
+VIEW_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")       # every element, once
+READ_OPS = VIEW_OPS + ("Slice", "Gather")                                     # ... or some of them
 MAX_ELEMENTS = 1 << 23      # the element numbers the check builds (64 MiB of int64)
 
 
-def _steps(graph: Graph, chain: list) -> list:
-    return [("T", list(p.attrs.get("perm") or range(len(graph.tensors[p.inputs[0]].shape))[::-1]))
-            if p.op_type == "Transpose" else ("R", tuple(graph.tensors[p.outputs[0]].shape)) for p in chain]
+def _step(graph: Graph, p: Node):
+    """The op `p` as a function of its data input (its other inputs constants), else None."""
+    consts = [graph.value(i) if i else None for i in p.inputs[1:]]
+    if any(i and c is None for i, c in zip(p.inputs[1:], consts)):
+        return None
+    return lambda v: ops.evaluate(p, [v] + consts)[0]
 
 
 def _out_chain(graph: Graph, tensor: str):
     """The view ops that alone read `tensor`, one after another, and the tensor they end in."""
-    ops = []
+    chain = []
     while True:
         c = only_consumer(graph, tensor)
-        if c is None or c.op_type not in VIEW_OPS or c.inputs[0] != tensor:
-            return tensor, ops
-        ops.append(c)
+        if c is None or c.op_type not in VIEW_OPS or c.inputs[0] != tensor or len(c.outputs) != 1 or \
+                _step(graph, c) is None:
+            return tensor, chain
+        chain.append(c)
         tensor = c.outputs[0]
 
 
-def _chain(graph: Graph, tensor: str, reader: Node):
-    """(source, [view ops from the source]) of the view ops that produce `tensor` for `reader`
-    alone; (tensor, []) when there are none."""
-    ops = []
+def _chain(graph: Graph, tensor: str):
+    """(source, [view ops from the source]) of the ops that make `tensor` of another, reading a
+    part of it or all (a reshape, transpose, slice, gather of constant indices); (tensor, []) when
+    there are none. Ops whose results others read too stay for them (Q, K and V gathered from one
+    transposed projection: once Q and V read the projection, only K's gather reads the transpose)."""
+    chain = []
     while True:
         p = graph.producer(tensor)
-        if p is None or p.op_type not in VIEW_OPS or only_consumer(graph, tensor) is not reader:
+        if p is None or p.op_type not in READ_OPS or len(p.outputs) != 1 or _step(graph, p) is None:
             break
-        ops.append(p)
-        reader, tensor = p, p.inputs[0]
-    return tensor, ops[::-1]
+        chain.append(p)
+        tensor = p.inputs[0]
+    return tensor, chain[::-1]
 
 
-def _apply(v: np.ndarray, ops: list) -> np.ndarray:
-    for kind, arg in ops:
-        v = np.transpose(v, arg) if kind == "T" else v.reshape(arg)
-    return v
-
-
-def strides_of(shape: tuple, ops: list) -> tuple | None:
-    """The element strides of the tensor that `ops` (Transpose: ('T', perm); else ('R', shape))
-    make of a row-major tensor of `shape`, if it is a strided view of it (offset 0), else None."""
+def view_of(shape: tuple, steps: list) -> tuple | None:
+    """(offset, strides) of the tensor that `steps` (functions of an array) make of a row-major
+    tensor of `shape`, if it is a strided view of its elements, else None."""
     n = int(np.prod(shape, dtype=np.int64))
     if n == 0 or n > MAX_ELEMENTS:
         return None
-    return _strided(_apply(np.arange(n, dtype=np.int64).reshape(shape), ops))
+    v = np.arange(n, dtype=np.int64).reshape(shape)
+    for f in steps:
+        v = f(v)
+    return _strided(np.asarray(v))
 
 
-def stored_strides(shape: tuple, ops: list) -> tuple | None:
-    """Where `ops` put each element of a tensor of `shape`: the strides, one per dim, at which
-    it is written into the row-major result of `ops`, if that is a strided view, else None."""
+def stored_strides(shape: tuple, steps: list) -> tuple | None:
+    """Where `steps` (functions of an array, moving every element once) put each element of a
+    tensor of `shape`: the strides, one per dim, at which it is written into their row-major result,
+    if that is a strided view, else None."""
     n = int(np.prod(shape, dtype=np.int64))
     if n == 0 or n > MAX_ELEMENTS:
         return None
-    moved = _apply(np.arange(n, dtype=np.int64).reshape(shape), ops).reshape(-1)
+    moved = np.arange(n, dtype=np.int64).reshape(shape)
+    for f in steps:
+        moved = f(moved)
+    moved = np.asarray(moved).reshape(-1)
+    if moved.size != n:
+        return None
     at = np.empty(n, np.int64)
     at[moved] = np.arange(n, dtype=np.int64)
-    return _strided(at.reshape(shape))
+    view = _strided(at.reshape(shape))
+    return view[1] if view is not None and view[0] == 0 else None
 
 
 def _strided(v: np.ndarray) -> tuple | None:
-    """v's strides if v[i] = sum(i_k x stride_k) everywhere, else None."""
-    if v.ndim == 0 or v.flat[0] != 0:
+    """(offset, strides) if v[i] = offset + sum(i_k x stride_k) everywhere, else None."""
+    if v.ndim == 0 or v.size == 0:
         return None
-    strides = tuple(int(v[tuple(1 if a == i else 0 for a in range(v.ndim))]) if d > 1 else 0
+    base = int(v.flat[0])
+    strides = tuple(int(v[tuple(1 if a == i else 0 for a in range(v.ndim))]) - base if d > 1 else 0
                     for i, d in enumerate(v.shape))
-    expect = np.zeros(v.shape, np.int64)
-    for i, s in enumerate(strides):
+    if any(st < 0 for st in strides):
+        return None
+    expect = np.full(v.shape, base, np.int64)
+    for i, st in enumerate(strides):
         shape_i = [1] * v.ndim
         shape_i[i] = v.shape[i]
-        expect = expect + np.arange(v.shape[i], dtype=np.int64).reshape(shape_i) * s
-    return strides if np.array_equal(expect, v) else None
+        expect = expect + np.arange(v.shape[i], dtype=np.int64).reshape(shape_i) * st
+    return (base, strides) if np.array_equal(expect, v) else None
 
 
 def _plain_strides(shape) -> list:
@@ -111,21 +126,23 @@ def fold_matmul_views(graph: Graph) -> Graph:
             continue
         views = []
         for i, t in enumerate(mm.inputs):
-            src, chain = _chain(graph, t, mm)
-            st = strides_of(tuple(graph.tensors[src].shape), _steps(graph, chain)) if chain else None
-            if st is not None and i == 1 and st[-1] > 1:
-                st = None       # B's columns apart: the GEMM would gather them (packing K^T per
+            src, chain = _chain(graph, t)
+            view = view_of(tuple(graph.tensors[src].shape), [_step(graph, p) for p in chain]) if chain else None
+            if view is not None and i == 1 and view[1][-1] > 1:
+                view = None     # B's columns apart: the GEMM would gather them (packing K^T per
                 #                 tile: Q x K^T 0.083 ms, where the transpose and the matmul took 0.057)
-            views.append((src, chain, list(st)) if st is not None else (t, [], _plain_strides(graph.tensors[t].shape)))
+            views.append((src, chain, view) if view is not None else
+                         (t, [], (0, _plain_strides(graph.tensors[t].shape))))
         if not any(chain for _, chain, _ in views):
             continue
-        (a, ca, sa), (b, cb, sb) = views
+        (a, ca, (oa, sa)), (b, cb, (ob, sb)) = views
         order = graph.nx.nodes[mm.name]["order"]
         graph.remove_node(mm.name, drop_outputs=False)
         for p in reversed(ca + cb):
-            if p.name in graph.nx and not graph.consumers(p.outputs[0]):
+            if p.name in graph.nx and not graph.consumers(p.outputs[0]) and p.outputs[0] not in graph.outputs:
                 graph.remove_node(p.name)
-        attrs = {"a_shape": list(shapes[0]), "a_strides": sa, "b_shape": list(shapes[1]), "b_strides": sb}
+        attrs = {"a_shape": list(shapes[0]), "a_strides": list(sa), "b_shape": list(shapes[1]), "b_strides": list(sb)}
+        attrs.update({k: v for k, v in (("a_offset", oa), ("b_offset", ob)) if v})
         graph.add_node(Node(mm.name, "StridedMatMul", [a, b], list(mm.outputs), attrs, mm.onnx_name), order)
     for node in graph.topo():
         if node.op_type in ("Dense", "MatMul", "StridedMatMul") and node.name in graph.nx:
@@ -146,7 +163,7 @@ def _store_through_view(graph: Graph, node: Node):
             for i in node.inputs)):
         return
     end, chain = _out_chain(graph, y)
-    st = stored_strides(tuple(t.shape), _steps(graph, chain)) if chain else None
+    st = stored_strides(tuple(t.shape), [_step(graph, p) for p in chain]) if chain else None
     if st is None or list(st) == _plain_strides(t.shape) or st[-1] > 1:
         return              # (a reshape alone is already free: views run no kernel; a tile's columns
         #                     stored apart ran K's dense in 0.102 ms against 0.070 and the transpose's 0.025)
