@@ -173,6 +173,26 @@ def test_float16_attention_softmax_and_reflect_pad_run_kernels():
         assert err < 4e-3, err
 
 
+def test_a_float16_value_read_twice_keeps_groups_of_one_output():
+    """g = Gather(x) read by a Cast (whose float32 feeds a matmul) and, for its type only, by a
+    CastLike: closing that diamond made one group of two outputs, which float16's te kernels do
+    not take (the numpy fallback ran it; ONNX's linear-attention cases once the matmuls read views)."""
+    idx = numpy_helper.from_array(np.array(1, np.int64), "i")
+    nodes = [helper.make_node("Gather", ["x", "i"], ["g"], axis=0),
+             helper.make_node("Cast", ["g"], ["c"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["c", "c"], ["d"]),
+             helper.make_node("CastLike", ["d", "g"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [8, 8])], [idx])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    mod = modelc.compile(m)
+    assert not mod.fallbacks
+    x = np.random.default_rng(1).standard_normal((3, 8, 8)).astype(np.float16)
+    want = ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0].astype(np.float32)
+    got = mod.run({"x": x})["y"].astype(np.float32)
+    assert np.abs(got - want).max() <= 4e-3 * np.abs(want).max()
+
+
 def test_float16_gru_steps_run_te_kernels():
     """A float16 GRU written out over its steps (frontend/recurrent.py): each step's Gather of the
     input projection at one time position lowers to te, so no group runs on the reference."""

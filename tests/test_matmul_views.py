@@ -258,3 +258,36 @@ def test_views_next_to_convolutions_match_onnxruntime():
     x = np.random.default_rng(4).standard_normal((1, 8, 6, 6)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert np.abs(mod(x) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def seq_first(t=12, batch=3, e=64):
+    """x [B, T, E] @ W -> [T, B, E] (torch's sequence-first layout) -> Relu: a dense whose result is
+    only moved, then read elementwise."""
+    rng = np.random.default_rng(t)
+    inits = [numpy_helper.from_array((rng.standard_normal((e, e)) * 0.2).astype(np.float32), "w")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y0"]),
+             helper.make_node("Transpose", ["y0"], ["y1"], perm=[1, 0, 2]),
+             helper.make_node("Relu", ["y1"], ["y"])]
+    return onnx_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, t, e])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [t, batch, e])], inits)
+
+
+def test_a_dense_stores_its_rows_moved():
+    model = seq_first()
+    nodes = _nodes(model)
+    dense = next(n for n in nodes if n.op_type == "Dense")
+    assert dense.attrs["y_shape"] == [12, 3, 64] and dense.attrs["y_strides"] == [64, 3 * 64, 1]
+    assert "Transpose" not in [n.op_type for n in nodes]
+    mod = modelc.compile(model.SerializeToString())
+    assert not mod.fallbacks
+    x = np.random.default_rng(5).standard_normal((3, 12, 64)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(mod(x) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    task = next(t for t in tuning_tasks(from_onnx(model.SerializeToString())) if t.template == "dense")
+    assert task.desc.endswith("-> 12x3x64")
+    wl, tpl = Workload(task.workload), get("dense")
+    space = tpl.space(wl)
+    sampled = [space.get(int(i)) for i in np.random.default_rng(8).permutation(len(space))[:200]]
+    for cfg in [tpl.default_config(wl, space)] + [c for c in sampled if space.is_valid(c)][:4]:
+        got, want, _, _ = testing.run(wl, tpl, cfg, seed=2)
+        assert testing.max_rel_error(got, want) < 1e-5, dict(cfg.values)

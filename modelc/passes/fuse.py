@@ -20,6 +20,7 @@ because kernels are generated for them and they are part of the workload.
 from __future__ import annotations
 
 import networkx as nx
+import numpy as np
 
 from .. import ops
 from ..ir import Graph, Node
@@ -155,12 +156,15 @@ def _joins(graph: Graph, dag, rank: dict, groups: list, a: int, b: int) -> bool:
     inside = {n.name for n in groups[a]} | {n.name for n in groups[b]}
     loop = {graph.tensors[o].shape for n in groups[b] for o in n.outputs if o}
     size = max(graph.tensors[o].size for n in groups[b] for o in n.outputs if o)
+    half = any(graph.tensors[t].dtype == np.float16 for n in groups[a] + groups[b]
+               for t in [*n.inputs, *n.outputs] if t)
     for n in groups[a]:
         for o in (o for o in n.outputs if o):
             readers = graph.consumers(o)
             if o in graph.outputs or any(c.name not in inside for c in readers):
-                if loop != {graph.tensors[o].shape}:
-                    return False        # a's output stays one: it must fit b's loop
+                if loop != {graph.tensors[o].shape} or half:
+                    return False        # a's output stays one: it must fit b's loop; float16
+                    #                     groups run te kernels, of one output (te/groups.py)
             elif readers and graph.tensors[o].size < size:
                 return False            # read broadcast: merged, it would be recomputed
     return all(rank[c] > rank[b] or not nx.has_path(dag, c, b) for c in dag.successors(a) if c != b)
