@@ -90,12 +90,15 @@ def test_profiled_sequence_stamps_each_kernel_where_it_runs():
     a, b = np.zeros(64, np.float32), np.zeros(64, np.float32)
     seq = launch.Sequence([light.bind([a, x]), heavy.bind([b, x])], cache.sequence_runner())
     run, counter = cache.profiled_sequence_runner()
-    ticks = [seq.stamped(run) for _ in range(5)]
+    ticks = [seq.stamped(run) for _ in range(7)]
     np.testing.assert_array_equal(a, x + 1)
     assert b.min() > 0
     if counter() == 0:
         pytest.skip("no cycle counter on this CPU")
-    light_t, heavy_t = np.median(ticks, axis=0)
+    # the run the machine disturbed least: with other work on both cores (a model compiled and timed
+    # beside the test suite) the median of 5 runs read light 16.8M ticks and heavy 198, stamps of a
+    # descheduled thread
+    light_t, heavy_t = min(ticks, key=sum)
     assert light_t > 0 and heavy_t > 20 * light_t
 
 
