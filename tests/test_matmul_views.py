@@ -190,11 +190,7 @@ def test_strided_matmul_kernels_under_sampled_schedules():
         wl = Workload(task.workload)
         assert wl.anchor.op == "StridedMatMul"
         tpl = get(task.template)
-        space = tpl.space(wl)
-        rng = np.random.default_rng(7)
-        sampled = [space.get(int(i)) for i in rng.permutation(len(space))[:300]]
-        configs = [tpl.default_config(wl, space)] + [c for c in sampled if space.is_valid(c)][:4]
-        for cfg in configs:
+        for cfg in testing.sampled_configs(tpl, wl, valid=4, draws=300, seed=7):
             got, want, _, _ = testing.run(wl, tpl, cfg, seed=2)
             assert testing.max_rel_error(got, want) < 1e-5, dict(cfg.values)
 
@@ -286,8 +282,6 @@ def test_a_dense_stores_its_rows_moved():
     task = next(t for t in tuning_tasks(from_onnx(model.SerializeToString())) if t.template == "dense")
     assert task.desc.endswith("-> 12x3x64")
     wl, tpl = Workload(task.workload), get("dense")
-    space = tpl.space(wl)
-    sampled = [space.get(int(i)) for i in np.random.default_rng(8).permutation(len(space))[:200]]
-    for cfg in [tpl.default_config(wl, space)] + [c for c in sampled if space.is_valid(c)][:4]:
+    for cfg in testing.sampled_configs(tpl, wl, valid=4, draws=200, seed=8):
         got, want, _, _ = testing.run(wl, tpl, cfg, seed=2)
         assert testing.max_rel_error(got, want) < 1e-5, dict(cfg.values)

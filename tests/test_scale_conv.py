@@ -114,11 +114,7 @@ def test_scaled_conv_kernels_under_sampled_schedules(kw):
         wl = Workload(task.workload)
         assert wl.anchor.op == "ScaledConv"
         tpl = get(task.template)
-        space = tpl.space(wl)
-        rng = np.random.default_rng(7)
-        sampled = [space.get(int(i)) for i in rng.permutation(len(space))[:200]]
-        configs = [tpl.default_config(wl, space)] + [c for c in sampled if space.is_valid(c)][:2]
-        for cfg in configs:
+        for cfg in testing.sampled_configs(tpl, wl, valid=2, draws=200, seed=7):
             got, want, fn, args = testing.run(wl, tpl, cfg, seed=2)
             assert testing.max_rel_error(got, want) < 1e-5, (task.template, dict(cfg.values))
 

@@ -28,7 +28,7 @@ from ..ops.internal import stored_shape
 from .codegen import ParallelItem, shifted_start, unravel_index
 from .expr import SUPPORTED
 from .intrinsics import calls_polynomial
-from .layout import same_as_plain
+from .layout import same_as_plain, strides
 from .template import epilogue, source
 from .workload import Workload
 
@@ -130,8 +130,8 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
     blines, bidx = unravel_index("bi", g.batch, "b")
     body += [ind + ln for ln in blines]
     if viewed:      # ba, bb: element offsets of the operands' batch
-        a_st = g.a_strides or _row_major(tuple(g.a_batch) + (M, K))
-        b_st = g.b_strides or _row_major(tuple(g.b_batch) + (K, N))
+        a_st = g.a_strides or strides(tuple(g.a_batch) + (M, K))
+        b_st = g.b_strides or strides(tuple(g.b_batch) + (K, N))
         ba = " + ".join(t for t in (batch_strided(bidx, g.batch, g.a_batch, a_st[:-2]), str(g.a_offset))
                         if t != "0") or "0"
         bb = " + ".join(t for t in (batch_strided(bidx, g.batch, g.b_batch, b_st[:-2]), str(g.b_offset))
@@ -318,14 +318,6 @@ def _store_unrolled(wl: Workload, g: Gemm, ind: str, MR: int, NR: int, shift: bo
         lines += [pre + "    " + ln for ln in el]
         lines.append(f"{pre}    out0[ob + {col}] = {final}")
     return lines
-
-
-def _row_major(shape: tuple) -> tuple:
-    out, s = [], 1
-    for d in reversed(shape):
-        out.append(s)
-        s *= d
-    return tuple(out[::-1])
 
 
 def plain(t) -> bool:

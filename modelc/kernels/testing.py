@@ -65,6 +65,14 @@ def run(wl: Workload, template: Template, cfg, inputs: list | None = None, seed:
     return got, reference_outputs(wl, inputs), fn, args
 
 
+def sampled_configs(template: Template, wl: Workload, valid: int, draws: int, seed: int) -> list:
+    """The template's default config for `wl`, then the first `valid` valid ones of `draws` drawn
+    at random from its space (seeded): a kernel checked under schedules tuning could pick."""
+    space = template.space(wl)
+    drawn = [space.get(int(i)) for i in np.random.default_rng(seed).permutation(len(space))[:draws]]
+    return [template.default_config(wl, space)] + [c for c in drawn if space.is_valid(c)][:valid]
+
+
 def stores_per_output(fn, args: list) -> np.ndarray:
     """How many of a kernel's items store each element of its first output: each item is run alone
     (the cfunc over [item, item + 1)) on an output full of NaN. More than one means two threads may

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import ops
 from ..ir import Graph, Node
+from ..kernels.layout import strides
 from .util import only_consumer
 
 VIEW_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")       # every element, once
@@ -60,33 +61,35 @@ def _chain(graph: Graph, tensor: str):
     return tensor, chain[::-1]
 
 
-def view_of(shape: tuple, steps: list) -> tuple | None:
-    """(offset, strides) of the tensor that `steps` (functions of an array) make of a row-major
-    tensor of `shape`, if it is a strided view of its elements, else None."""
+def _numbered(shape: tuple, steps: list) -> np.ndarray | None:
+    """The element numbers of a row-major tensor of `shape` after `steps` (functions of an array);
+    None where there are none or too many to build."""
     n = int(np.prod(shape, dtype=np.int64))
     if n == 0 or n > MAX_ELEMENTS:
         return None
     v = np.arange(n, dtype=np.int64).reshape(shape)
     for f in steps:
         v = f(v)
-    return _strided(np.asarray(v))
+    return np.asarray(v)
+
+
+def view_of(shape: tuple, steps: list) -> tuple | None:
+    """(offset, strides) of the tensor that `steps` (functions of an array) make of a row-major
+    tensor of `shape`, if it is a strided view of its elements, else None."""
+    v = _numbered(shape, steps)
+    return None if v is None else _strided(v)
 
 
 def stored_strides(shape: tuple, steps: list) -> tuple | None:
     """Where `steps` (functions of an array, moving every element once) put each element of a
     tensor of `shape`: the strides, one per dim, at which it is written into their row-major result,
     if that is a strided view, else None."""
+    moved = _numbered(shape, steps)
     n = int(np.prod(shape, dtype=np.int64))
-    if n == 0 or n > MAX_ELEMENTS:
-        return None
-    moved = np.arange(n, dtype=np.int64).reshape(shape)
-    for f in steps:
-        moved = f(moved)
-    moved = np.asarray(moved).reshape(-1)
-    if moved.size != n:
+    if moved is None or moved.size != n:
         return None
     at = np.empty(n, np.int64)
-    at[moved] = np.arange(n, dtype=np.int64)
+    at[moved.reshape(-1)] = np.arange(n, dtype=np.int64)
     view = _strided(at.reshape(shape))
     return view[1] if view is not None and view[0] == 0 else None
 
@@ -109,11 +112,8 @@ def _strided(v: np.ndarray) -> tuple | None:
 
 
 def _plain_strides(shape) -> list:
-    out, s = [], 1
-    for d in reversed(shape):
-        out.append(s if d > 1 else 0)
-        s *= d
-    return out[::-1]
+    """A row-major tensor's strides, 0 on dims of 1 (as `_strided` gives them)."""
+    return [s if d > 1 else 0 for s, d in zip(strides(shape), shape)]
 
 
 def fold_matmul_views(graph: Graph) -> Graph:
