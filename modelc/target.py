@@ -30,6 +30,12 @@ _DEFAULT_FMA = (2, 4)
 # LLVM CPU name prefixes whose FMA pipes are narrower than their vectors: Zen 4 runs each 512-bit
 # FMA on both of its 256-bit pipes, so it issues one a cycle where Intel's AVX-512 cores issue two
 _HALF_WIDTH_FMA = {"znver4": 256}
+# Bytes one core reads a cycle from beyond its L2, by LLVM CPU name prefix: AMD's Zen cores read
+# their L3 at 32 bytes a cycle; Intel's server cores reach theirs over a mesh, and a 2-core Xeon
+# (Sapphire Rapids class) streamed Winograd's weights at about 8 (winograd.stream_share). Others: 16.
+_BEYOND_L2 = {"znver": 32, "sapphirerapids": 8, "emeraldrapids": 8, "graniterapids": 8,
+              "icelake-server": 8, "skylake-avx512": 8, "cascadelake": 8, "cooperlake": 8}
+_DEFAULT_BEYOND_L2 = 16
 # Cache sizes when the OS does not say (bytes): a small modern core.
 _DEFAULT_CACHES = (32 << 10, 1 << 20, 32 << 20)
 RESERVED_REGISTERS = 4      # vector registers a register tile leaves for operands and broadcasts
@@ -66,6 +72,11 @@ class Target:
         """FMAs of whole vectors one core issues a cycle: 2 on Intel's AVX-512 cores and on AVX2
         machines, 1 on AMD Zen 4 (each 512-bit FMA takes both of its 256-bit pipes)."""
         return self.fma_pipes * min(self.vector_bits, self.fma_bits) / self.vector_bits
+
+    @property
+    def beyond_l2_bytes_per_cycle(self) -> int:
+        """What one core streams a cycle from its last-level cache or memory (`_BEYOND_L2`)."""
+        return next((v for k, v in _BEYOND_L2.items() if self.llvm_cpu.startswith(k)), _DEFAULT_BEYOND_L2)
 
     def fma_slots(self, n: int) -> int:
         """FMA issue slots of one multiply-add over `n` float32 lanes: LLVM vectorises a loop of n at

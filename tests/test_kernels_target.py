@@ -17,8 +17,8 @@ SPR = Target.from_features("sapphirerapids", "+avx,+avx2,+fma,+avx512f,+avx512bw
                            threads=2, caches=(48 << 10, 2 << 20, 105 << 20))
 
 
-def conv(C, H, K, k=3, s=1, p=1, group=1, layout=True):
-    OH = (H + 2 * p - k) // s + 1
+def conv(C, H, K, k=3, s=1, p=1, group=1, layout=True, d=1):
+    OH = (H + 2 * p - d * (k - 1) - 1) // s + 1
     cb, kb = choose_block(C), choose_block(K)
     wshape = [K, C // group, k, k]
     return Workload({"version": 1, "params": {},
@@ -28,7 +28,7 @@ def conv(C, H, K, k=3, s=1, p=1, group=1, layout=True):
                                 {"shape": [K], "dtype": "float32", "const": True}],
                      "ops": [{"op": "Conv", "args": ["i0", "i1", "i2"],
                               "attrs": {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4,
-                                        "dilations": [1, 1], "group": group}},
+                                        "dilations": [d, d], "group": group}},
                              {"op": "Relu", "attrs": {}, "args": ["v0"]}],
                      "outputs": [{"shape": [1, K, OH, OH], "dtype": "float32", "value": "v1",
                                   "layout": [kb, 0] if layout else None}]})
@@ -350,6 +350,40 @@ def test_untuned_winograd_needs_more_tiles_where_the_direct_conv_has_more_flops(
             on_28 = default(conv(128, 28, 128), "conv2d_winograd", tg)[1].values
             assert on_28["tile_size"] == 4 and on_28["prefetch"] == 0
             assert not wino.preferred(conv(512, 7, 512)), tg.llvm_cpu
+
+
+def test_winograd_weights_that_outgrow_the_l2_stream_less_often():
+    """On a core of 64 FLOPs a cycle, where an item's transformed weights outgrow the L2 they are
+    streamed once per group of tiles: 2 vectors of channels a tile let a group take 7 tiles, not 4
+    (256 -> 256 on 28 x 28 on the Xeon: 0.70 of the time); where they fit (128 channels), or on
+    cores of 32 FLOPs a cycle, 4 vectors stay. Where the stream would still take most of the direct
+    conv's time (512 -> 512 dilated on 28 x 28, on Intel's server cores at 8 bytes a cycle beyond
+    the L2), untuned modules run the direct conv; on AMD's (32 bytes a cycle) Winograd stays."""
+    import dataclasses
+    wino = template.get("conv2d_winograd")
+    lanes = SPR.lanes(4)
+    for C, vectors, tiles in ((256, 2, 7), (128, 4, 4)):
+        _, cfg = default(conv(C, 28, C), "conv2d_winograd", SPR)
+        assert (cfg["tile_oc_blocks"] * choose_block(C), cfg["tile_tiles"]) == (vectors * lanes, tiles), C
+    assert default(conv(256, 28, 256), "conv2d_winograd", AVX512)[1]["tile_oc_blocks"] * 16 == 64
+    for tg, dilated in ((SPR, False), (AVX512, True), (AVX2, True)):
+        with target.use(tg):
+            for d in (2, 4):
+                assert wino.preferred(conv(512, 28, 512, p=d, d=d)) == dilated, (tg.llvm_cpu, d)
+            assert wino.preferred(conv(256, 28, 256)) and wino.preferred(conv(2048, 28, 512)), tg.llvm_cpu
+    with target.use(dataclasses.replace(SPR, l2_bytes=64 << 10)):      # the streaming tile computes the conv
+        wl = conv(64, 14, 64)
+        sp = wino.space(wl)
+        cfg = wino.default_config(wl, sp)
+        assert cfg["tile_oc_blocks"] * choose_block(64) == 2 * lanes
+        got, want, _, _ = testing.run(wl, wino, cfg)
+    assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+
+
+def test_the_rate_beyond_the_l2_follows_the_microarchitecture():
+    feats = "+avx,+avx2,+fma,+avx512f"
+    assert [Target.from_features(c, feats).beyond_l2_bytes_per_cycle
+            for c in ("znver3", "znver4", "sapphirerapids", "emeraldrapids", "alderlake")] == [32, 32, 8, 8, 16]
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "transformer"])

@@ -81,6 +81,7 @@ PREFERRED_WEIGHTS_L3_WIDE = 6   # 6 from WIDE_TILES tiles up
 SMALL_TILES_AT_FLOPS = 64       # from cores of 64 FLOPs a cycle, F(2x2, 3x3) where F(4x4) has too few
 SMALL_TILE_VECTORS = 2          # ... with output channels of 2 vectors (`small_tiles`)
 WIDE_TILES = 32
+MAX_STREAM_SHARE = 0.75         # untuned modules run Winograd while its weights' stream takes less (`stream_share`)
 MAX_STACK_FLOATS = 64 << 10          # 256 KB of stack per item: far below any thread's stack
 
 
@@ -170,6 +171,35 @@ def small_tiles(g, tg) -> bool:
             _tiles(g, 4)[2] < _least_tiles(tg) <= _tiles(g, 2)[2])
 
 
+def streams_weights(g, tg, m: int, kt: int) -> bool:
+    """Whether an item's transformed weights ((m+2)^2 x C x kt floats) outgrow the L2 on a core
+    of 64 FLOPs a cycle or more: then they stream from beyond it once per group of tiles, and
+    fewer output channels a tile (2 vectors, not 4) let each group take more tiles (7, not 4),
+    so they stream about half as often. On a Xeon (Sapphire Rapids class, L2 2 MiB), 256 -> 256
+    on 28 x 28 (2.4 MB of weights a 4-vector item) ran 0.70-0.72 of the 4-vector tile's time
+    (2.10-2.16 against 3.01 ms, the direct conv 2.95); 128 -> 128 (1.2 MB: they stay in the L2)
+    1.06, so there 4 vectors stay. Cores of 32 FLOPs a cycle spend twice the cycles on the
+    multiplies the stream overlaps, and keep 4 (Zen 4's tuned ResNet-18 ended there)."""
+    return tg.flops_per_cycle >= SMALL_TILES_AT_FLOPS and (m + 2) ** 2 * g.C * kt * 4 > tg.l2_bytes
+
+
+def stream_share(g, tg, cfg) -> float:
+    """Cycles a core spends streaming the transformed weights from beyond its L2 (once per group
+    of tiles, where an item's share outgrows the L2), over the cycles the direct conv's
+    multiplies take: the time Winograd cannot save, at the target's rate beyond the L2. On a Xeon
+    (Sapphire Rapids class, about 8 bytes a cycle a core: 256 -> 256 on 28 x 28 with 4-vector
+    tiles streamed 122 MB in 2.9 ms on two cores, 1.01x the direct conv's time), FCN-ResNet50's
+    512 -> 512 convs dilated by 2 and 4 (share 0.82) ran 1.32x the direct conv's time and its 2048
+    -> 512 head (0.57) 0.54x. On AMD EPYC Zen 4 (32 FLOPs and 32 bytes a cycle) the same layers'
+    shares are 0.13-0.16, and Winograd ran 0.44-0.55 of the direct conv's time there."""
+    m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * g.KB
+    a2 = (m + 2) ** 2
+    if a2 * g.C * kt * 4 <= tg.l2_bytes:
+        return 0.0
+    streamed = -(-_tiles(g, m)[2] // tt) * a2 * g.C * g.K * 4
+    return streamed * tg.flops_per_cycle / (2 * 9 * g.C * g.K * g.OH * g.OW * tg.beyond_l2_bytes_per_cycle)
+
+
 @register
 class Conv2dWinograd(Template):
     name = "conv2d_winograd"
@@ -187,15 +217,19 @@ class Conv2dWinograd(Template):
     def preferred(self, wl: Workload) -> bool:
         """Run untuned where the direct conv always lost (the module docstring's measurements), not
         where most of the direct conv's products would read padding, which it skips and Winograd
-        computes (DeepLabV3's ASPP conv, taps 12 apart on 28 x 28: Winograd 2.1x its time)."""
+        computes (DeepLabV3's ASPP conv, taps 12 apart on 28 x 28: Winograd 2.1x its time), nor
+        where streaming its transformed weights takes most of the direct conv's time
+        (`stream_share`: dilated 256- and 512-channel convs on a Xeon)."""
         g = conv_geometry(wl)
         if padding_share(g) > BOUNDED_TAPS:
             return False
         tg = target.current()
         weights = 36 * g.C * g.K * 4 / tg.l3_bytes
         tiles = _tiles(g, 2 if small_tiles(g, tg) else 4)[2]
-        return tiles >= _least_tiles(tg) and min(g.C, g.K) >= PREFERRED_CHANNELS and \
-            weights <= (PREFERRED_WEIGHTS_L3_WIDE if tiles >= WIDE_TILES else PREFERRED_WEIGHTS_L3)
+        if not (tiles >= _least_tiles(tg) and min(g.C, g.K) >= PREFERRED_CHANNELS and
+                weights <= (PREFERRED_WEIGHTS_L3_WIDE if tiles >= WIDE_TILES else PREFERRED_WEIGHTS_L3)):
+            return False
+        return stream_share(g, tg, self.default_config(wl, self.space(wl))) < MAX_STREAM_SHARE
 
     def space(self, wl: Workload) -> ConfigSpace:
         g = conv_geometry(wl)
@@ -249,6 +283,8 @@ class Conv2dWinograd(Template):
         small = small_tiles(g, tg) and 2 in space.knobs[0].values
         if small:
             m, most, transforms = 2, SMALL_TILE_VECTORS, ("per_block", "all_channels")
+        elif streams_weights(g, tg, m, most * lanes):
+            most = SMALL_TILE_VECTORS
         blocks = max([b for b in space.knobs[2].values if b * g.KB <= most * lanes] or space.knobs[2].values[:1])
         vectors = -(-blocks * g.KB // lanes)
         want = tg.max_tile_vectors / 2 / vectors
