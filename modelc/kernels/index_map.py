@@ -39,6 +39,36 @@ def pad_folds(op, wl) -> bool:
                for d, (lo, hi, pb, pe) in zip(shape, pad_axes(op, shape, wl.params)))
 
 
+def reshape_groups(in_shape, out_shape):
+    """[(input axes, output axes)]: the shortest runs of axes of equal element counts, in order
+    (a reshape of [1, 197, 1, 3, 768] to [197, 1, 2304]: ([0, 1], [0]), ([2], [1]), ([3, 4], [2]));
+    axes of one element left at the end join the last run. None for an empty tensor."""
+    if 0 in in_shape or 0 in out_shape:
+        return None
+    groups, i, j = [], 0, 0
+    while i < len(in_shape) and j < len(out_shape):
+        gi, gj, pi, pj = [i], [j], in_shape[i], out_shape[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if (i if pi < pj else j) >= len(in_shape if pi < pj else out_shape):
+                return None                       # (counts that differ: not a reshape)
+            if pi < pj:
+                gi.append(i)
+                pi *= in_shape[i]
+                i += 1
+            else:
+                gj.append(j)
+                pj *= out_shape[j]
+                j += 1
+        groups.append((gi, gj))
+    if groups:
+        groups[-1][0].extend(range(i, len(in_shape)))
+        groups[-1][1].extend(range(j, len(out_shape)))
+    else:
+        groups = [(list(range(len(in_shape))), list(range(len(out_shape))))]
+    return groups
+
+
 def joined(i) -> str:
     """An index as an expression: a blocked channel index (block, lane, size) is re-joined."""
     if isinstance(i, tuple):
@@ -77,6 +107,37 @@ class IndexMap:
         memo[key] = out
         return out
 
+    def _reshaped(self, idx, in_shape, out_shape, lines, ind) -> list:
+        """The input index of a reshape's output index `idx`, group by group (`reshape_groups`):
+        an axis kept whole passes through, and only a group of axes that was split or merged is
+        re-linearised, by divisions within the group. Re-linearising the whole index put a
+        division by 2304 on every element of ViT-B/16's QKV split (197 x 2304 -> 3 x 197 x 768:
+        0.63-0.77 ms a layer, onnxruntime 0.23), where the group (3, 768) <- (2304) reads
+        contiguously along the inner loop."""
+        groups = reshape_groups(in_shape, out_shape)
+        if groups is None:                       # an empty tensor: the whole index as one group
+            groups = [(list(range(len(in_shape))), list(range(len(out_shape))))]
+        sub = ["0"] * len(in_shape)
+        for gi, gj in groups:
+            terms = [(idx[j], s) for j, s in zip(gj, strides([out_shape[j] for j in gj])) if out_shape[j] != 1]
+            dims = [k for k in gi if in_shape[k] != 1]
+            if not dims:
+                continue
+            if len(terms) == 1 and terms[0][1] == 1:
+                lin = terms[0][0]
+            elif not terms:
+                lin = "0"
+            else:
+                lin = self.fresh()
+                lines.append(f"{ind}{lin} = {' + '.join(f'({i}) * {s}' if s > 1 else f'({i})' for i, s in terms)}")
+            if len(dims) == 1:
+                sub[dims[0]] = lin
+                continue
+            for n, (k, s) in enumerate(zip(dims, strides([in_shape[k] for k in dims]))):
+                q = f"({lin}) // {s}" if s > 1 else f"({lin})"
+                sub[k] = q if n == 0 else f"{q} % {in_shape[k]}"     # the first is below its size
+        return sub
+
     def _value(self, ref, idx, lines, ind, memo):
         wl = self.wl
         if ref.startswith("i"):
@@ -114,28 +175,7 @@ class IndexMap:
         if op.op not in ("Transpose", "Concat"):     # these carry a split channel index along
             idx = [joined(i) for i in idx]
         if op.op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
-            # axes the reshape keeps at either end pass through; only the middle is re-linearised
-            # (a channel shuffle then costs a few operations per channel, not per element, since
-            # the divisions no longer involve the inner loop's index)
-            n = min(len(in_shape), len(out_shape))
-            lo = 0
-            while lo < n and in_shape[lo] == out_shape[lo]:
-                lo += 1
-            hi = 0
-            while hi < n - lo and in_shape[len(in_shape) - 1 - hi] == out_shape[len(out_shape) - 1 - hi]:
-                hi += 1
-            mid_out = list(out_shape[lo:len(out_shape) - hi])
-            mid_in = list(in_shape[lo:len(in_shape) - hi])
-            mid_idx = list(idx[lo:len(idx) - hi])
-            sub_mid = []
-            if mid_in:
-                lin = self.fresh()
-                terms = [f"({joined(i)}) * {s}" for i, s in zip(mid_idx, strides(mid_out)) if str(i) != "0"]
-                lines.append(f"{ind}{lin} = {' + '.join(terms) if terms else '0'}")
-                sub_mid = [f"({lin} // {s}) % {d}" if s > 1 else f"{lin} % {d}"
-                           for s, d in zip(strides(mid_in), mid_in)]
-            sub = list(idx[:lo]) + sub_mid + list(idx[len(idx) - hi:])
-            return self.value(x, sub, lines, ind, memo)
+            return self.value(x, self._reshaped(idx, in_shape, out_shape, lines, ind), lines, ind, memo)
         if op.op == "Transpose":
             perm = op.attrs.get("perm") or list(range(len(in_shape)))[::-1]
             sub = [None] * len(in_shape)
