@@ -48,7 +48,6 @@ tiles or more.
 from __future__ import annotations
 
 import math
-import zlib
 
 import numpy as np
 
@@ -59,19 +58,9 @@ from .conv_geometry import conv_geometry
 from .layout import offset
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue, get, register
+from .winograd_transforms import MATRICES, lin_source, transformed_weights
 from .workload import Workload
 
-# F(m, 3) matrices (Lavin & Gray; interpolation points 0, +-1, +-2 and infinity for m = 4)
-MATRICES = {
-    2: dict(BT=[[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
-            G=[[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]],
-            AT=[[1, 1, 1, 0], [0, 1, -1, -1]]),
-    4: dict(BT=[[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
-                [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
-            G=[[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
-               [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
-            AT=[[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
-}
 TT_CANDIDATES = [1, 2, 3, 4, 6, 7, 8, 12, 14, 16]
 PREFERRED_TILES = 16            # 4 x 4 output tiles per image from which untuned modules run Winograd,
 PREFERRED_AT_FLOPS = 32         # ... on cores of 32 float32 FLOPs a cycle, more in proportion above
@@ -85,27 +74,6 @@ MAX_STREAM_SHARE = 0.75         # untuned modules run Winograd while its weights
 MAX_STACK_FLOATS = 64 << 10          # 256 KB of stack per item: far below any thread's stack
 
 
-def _lin(row, names) -> str:
-    """sum(row[k] * names[k]) as float32 source, skipping zeros and unit multiplies."""
-    terms = []
-    for c, n in zip(row, names):
-        if c == 0:
-            continue
-        if c == 1:
-            terms.append(f"+ {n}")
-        elif c == -1:
-            terms.append(f"- {n}")
-        else:
-            terms.append(f"{'-' if c < 0 else '+'} np.float32({abs(float(c))!r}) * {n}")
-    if not terms:
-        return "np.float32(0.0)"
-    s = " ".join(terms)
-    return s[2:] if s.startswith("+ ") else "-" + s[2:]
-
-
-_LAST_TRANSFORM: list = []       # [(key, U)]: the last transform, for the next candidate
-
-
 def _chunk(g, a2: int, tt: int, kt: int) -> int:
     """Blocks of input channels the "chunks" transform takes at a time: the most that divide the
     blocks and whose transformed tiles fit the stack beside the sums. FCN-ResNet50's head (2048 ->
@@ -114,23 +82,6 @@ def _chunk(g, a2: int, tt: int, kt: int) -> int:
     cblk = g.C // g.cb
     room = MAX_STACK_FLOATS - a2 * tt * kt - tt * kt
     return max([d for d in range(1, cblk + 1) if cblk % d == 0 and a2 * tt * d * g.cb <= room] or [0])
-
-
-def transformed_weights(w: np.ndarray, m: int) -> np.ndarray:
-    """U = G g G^T of weights [K, C, 3, 3] for F(m x m, 3 x 3), as float32 [a, a, K, C] (computed in
-    float64). A tuning run packs every candidate of a task from the same weights, and candidates
-    differ only in how U is blocked: the last U is kept, found again by the weights' content (a
-    CRC, 5 ms for 512 x 512 x 3 x 3) - the einsum was 0.09-0.18 s of such a candidate's 0.15 s run."""
-    w = np.ascontiguousarray(w)
-    key = (m, w.shape, w.dtype.str, zlib.crc32(w.view(np.uint8).reshape(-1)))
-    for k, u in _LAST_TRANSFORM:
-        if k == key:
-            return u
-    G = np.array(MATRICES[m]["G"], np.float64)
-    u = np.einsum("ik,ockl,jl->ijoc", G, w.astype(np.float64), G).astype(np.float32)
-    u.setflags(write=False)                 # shared by the candidates that read it
-    _LAST_TRANSFORM[:] = [(key, u)]
-    return u
 
 
 def _grid(g) -> tuple:
@@ -391,11 +342,11 @@ class Conv2dWinograd(Template):
                     lines.append(f"{p2}d{r}_{s} = {X}[xb + np.uintp({r * dh * x_h + s * dw * cb} + c)]")
             for i in range(a):           # rows: B^T d
                 for s in range(a):
-                    lines.append(f"{p2}u{i}_{s} = {_lin(BT[i], [f'd{k}_{s}' for k in range(a)])}")
+                    lines.append(f"{p2}u{i}_{s} = {lin_source(BT[i], [f'd{k}_{s}' for k in range(a)])}")
             for i in range(a):           # columns: (B^T d) B
                 for j in range(a):
                     lines.append(f"{p2}vt[np.uintp((({i * a + j} * {TT} + t) * {vstride}) + {voff} + c)] = "
-                                 f"{_lin(BT[j], [f'u{i}_{k}' for k in range(a)])}")
+                                 f"{lin_source(BT[j], [f'u{i}_{k}' for k in range(a)])}")
             return lines
 
         def point_gemm(ind, chans, vstride, voff, wchan, pair="xi", pairs=A2):
@@ -485,12 +436,12 @@ class Conv2dWinograd(Template):
                     lines.append(f"{p3}m{i}_{j} = acc[np.uintp((({i * a + j} * {TT} + t) * {KT}) + blk * {KB} + jj)]")
             for i in range(m):
                 for j in range(a):
-                    lines.append(f"{p3}s{i}_{j} = {_lin(AT[i], [f'm{k}_{j}' for k in range(a)])}")
+                    lines.append(f"{p3}s{i}_{j} = {lin_source(AT[i], [f'm{k}_{j}' for k in range(a)])}")
             if has_bias:
                 lines.append(f"{p3}bv = bias[np.uintp((ko0 + blk) * {KB} + jj)]")
             for dy in range(m):
                 for dx in range(m):
-                    v = _lin(AT[dx], [f's{dy}_{k}' for k in range(a)])
+                    v = lin_source(AT[dx], [f's{dy}_{k}' for k in range(a)])
                     v = f"({v}) + bv" if has_bias else v
                     idx = ["n", ("ko0 + blk", "jj", KB), f"oy + {dy * dh}", f"ox + {dx * dw}"]
                     st, final = epilogue(wl, ops, v, idx, out.shape, out.dtype, f"v{conv.index}",
