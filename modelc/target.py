@@ -42,6 +42,11 @@ RESERVED_REGISTERS = 4      # vector registers a register tile leaves for operan
 ISA_PREFIXES = ("avx", "fma", "sse4", "amx", "neon", "sve")
 
 
+def _by_prefix(table: dict, llvm_cpu: str, default):
+    """The value of the first of `table`'s LLVM CPU name prefixes that `llvm_cpu` starts with."""
+    return next((v for k, v in table.items() if llvm_cpu.startswith(k)), default)
+
+
 @dataclass(frozen=True)
 class Target:
     cpu: str                    # the model name the OS reports ("AMD EPYC", "Intel Xeon ...")
@@ -76,7 +81,7 @@ class Target:
     @property
     def beyond_l2_bytes_per_cycle(self) -> int:
         """What one core streams a cycle from its last-level cache or memory (`_BEYOND_L2`)."""
-        return next((v for k, v in _BEYOND_L2.items() if self.llvm_cpu.startswith(k)), _DEFAULT_BEYOND_L2)
+        return _by_prefix(_BEYOND_L2, self.llvm_cpu, _DEFAULT_BEYOND_L2)
 
     def fma_slots(self, n: int) -> int:
         """FMA issue slots of one multiply-add over `n` float32 lanes: LLVM vectorises a loop of n at
@@ -179,8 +184,8 @@ class Target:
             bits, regs = 128, 32
         else:
             bits, regs = 128, 16
-        pipes, latency = next((v for k, v in _FMA.items() if llvm_cpu.startswith(k)), _DEFAULT_FMA)
-        fma_bits = next((v for k, v in _HALF_WIDTH_FMA.items() if llvm_cpu.startswith(k)), bits)
+        pipes, latency = _by_prefix(_FMA, llvm_cpu, _DEFAULT_FMA)
+        fma_bits = _by_prefix(_HALF_WIDTH_FMA, llvm_cpu, bits)
         l1, l2, l3 = caches or _DEFAULT_CACHES
         return cls(cpu=cpu or llvm_cpu, llvm_cpu=llvm_cpu, isa=isa, vector_bits=bits, vector_registers=regs,
                    fma_pipes=pipes, fma_latency=latency, fma_bits=fma_bits, l1d_bytes=int(l1),

@@ -122,6 +122,11 @@ def small_tiles(g, tg) -> bool:
             _tiles(g, 4)[2] < _least_tiles(tg) <= _tiles(g, 2)[2])
 
 
+def item_weight_bytes(g, m: int, kt: int) -> int:
+    """Bytes of transformed weights one item reads: (m+2)^2 x C x kt floats."""
+    return (m + 2) ** 2 * g.C * kt * 4
+
+
 def streams_weights(g, tg, m: int, kt: int) -> bool:
     """Whether an item's transformed weights ((m+2)^2 x C x kt floats) outgrow the L2 on a core
     of 64 FLOPs a cycle or more: then they stream from beyond it once per group of tiles, and
@@ -131,7 +136,7 @@ def streams_weights(g, tg, m: int, kt: int) -> bool:
     (2.10-2.16 against 3.01 ms, the direct conv 2.95); 128 -> 128 (1.2 MB: they stay in the L2)
     1.06, so there 4 vectors stay. Cores of 32 FLOPs a cycle spend twice the cycles on the
     multiplies the stream overlaps, and keep 4 (Zen 4's tuned ResNet-18 ended there)."""
-    return tg.flops_per_cycle >= SMALL_TILES_AT_FLOPS and (m + 2) ** 2 * g.C * kt * 4 > tg.l2_bytes
+    return tg.flops_per_cycle >= SMALL_TILES_AT_FLOPS and item_weight_bytes(g, m, kt) > tg.l2_bytes
 
 
 def stream_share(g, tg, cfg) -> float:
@@ -144,10 +149,9 @@ def stream_share(g, tg, cfg) -> float:
     -> 512 head (0.57) 0.54x. On AMD EPYC Zen 4 (32 FLOPs and 32 bytes a cycle) the same layers'
     shares are 0.13-0.16, and Winograd ran 0.44-0.55 of the direct conv's time there."""
     m, tt, kt = cfg["tile_size"], cfg["tile_tiles"], cfg["tile_oc_blocks"] * g.KB
-    a2 = (m + 2) ** 2
-    if a2 * g.C * kt * 4 <= tg.l2_bytes:
+    if item_weight_bytes(g, m, kt) <= tg.l2_bytes:
         return 0.0
-    streamed = -(-_tiles(g, m)[2] // tt) * a2 * g.C * g.K * 4
+    streamed = -(-_tiles(g, m)[2] // tt) * item_weight_bytes(g, m, g.K)
     return streamed * tg.flops_per_cycle / (2 * 9 * g.C * g.K * g.OH * g.OW * tg.beyond_l2_bytes_per_cycle)
 
 
@@ -247,7 +251,7 @@ class Conv2dWinograd(Template):
         # the next channel block's weights asked for ahead where both blocks' fit in half the L2
         kt = blocks * g.KB
         prefetch = int(small and g.K > kt and
-                       2 * (m + 2) ** 2 * g.C * kt * 4 <= tg.l2_bytes / 2)
+                       2 * item_weight_bytes(g, m, kt) <= tg.l2_bytes / 2)
         for transform in transforms:
             c = space.from_values({"tile_size": m, "tile_tiles": tt, "tile_oc_blocks": blocks,
                                    "transform": transform, "item_order": ["k", "tiles"], "prefetch": prefetch})
