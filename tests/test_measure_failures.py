@@ -186,23 +186,39 @@ def test_tuning_logs_every_failure_and_its_best_is_the_valid_candidate(tmp_path)
 # ---- a log shared by concurrent writers ------------------------------------------------------
 
 _WRITER = r"""
-import sys, time
+import os, sys, time
 from modelc.tune.records import Record, RecordWriter
-log, who, n, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-while time.time() < start:
-    time.sleep(0.001)
+log, who, n, lead = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+other = "b" if who == "a" else "a"
+
+def signal(what):
+    open(f"{log}.{who}.{what}", "w").close()
+
+def wait(what):                                     # the other writer's signal, or fail after 60 s
+    deadline = time.time() + 60
+    while not os.path.exists(f"{log}.{other}.{what}"):
+        if time.time() > deadline:
+            sys.exit(f"{who}: no {what!r} from {other}")
+        time.sleep(0.001)
+
 with RecordWriter(log) as w:
     for i in range(n):
+        if who == "b" and i == 0:
+            wait("lead")                            # b starts once a has written its first lines,
+        if who == "a" and i == n - lead:
+            wait("lead")                            # and a ends only after b has written its own
         pad = f"{who}{i}." * (800 + 97 * (i % 40))        # 4-25 KB lines, longer than a pipe's atomic write
         w.write(Record("k", pad, "t", {"who": who, "i": i}, [1e-3], 0, "", {}, None, 1.0))
+        if i == lead - 1:
+            signal("lead")
 """
 
 
 def test_two_processes_appending_to_one_log_lose_and_break_nothing(tmp_path):
     log = tmp_path / "shared.jsonl"
     log.write_text(_rec_line("before"))
-    n, start = 500, time.time() + 2.0              # both start writing at the same moment
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(log), who, str(n), str(start)])
+    n, lead = 500, 10                  # the 480 records between the leads are written concurrently
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(log), who, str(n), str(lead)])
              for who in "ab"]
     assert [p.wait(120) for p in procs] == [0, 0]
     raw = log.read_bytes()
@@ -216,8 +232,9 @@ def test_two_processes_appending_to_one_log_lose_and_break_nothing(tmp_path):
         assert r["desc"] == f"{who}{i}." * (800 + 97 * (i % 40))           # nothing interleaved
         seen[who].append(i)
     assert seen == {"a": list(range(n)), "b": list(range(n))}             # each writer's order kept
-    a_pos = [k for k, r in enumerate(recs) if r["config"].get("who") == "a"]
-    assert a_pos[-1] - a_pos[0] > n                  # the writers really did overlap
+    who_at = [r["config"].get("who") for r in recs]
+    first_a, last_a = who_at.index("a"), len(who_at) - 1 - who_at[::-1].index("a")
+    assert "b" in who_at[first_a:last_a]             # the writers really did overlap
 
 
 def _rec_line(key):
