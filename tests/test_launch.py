@@ -153,3 +153,47 @@ def test_sequences_run_from_several_threads_at_once():
     for t in threads:
         t.join()
     assert not errors
+
+
+_X86 = __import__("platform").machine().lower() in ("x86_64", "amd64")
+
+
+@pytest.mark.skipif(not _X86, reason="MXCSR is x86's")
+@pytest.mark.parametrize("how", ["bound", "sequence", "sequence_one_thread"])
+def test_kernels_flush_denormals_and_their_threads_keep_their_own_mode(how):
+    """Every kernel runs with flush-to-zero and denormals-are-zero set (a denormal operand costs x86
+    a microcode assist: Swin's masked attention products ran 24x slower); each thread's own mode
+    comes back after the run: numpy on the caller's thread and numba's team still make denormals."""
+    import numba
+    from modelc.kernels import launch
+    fn = cache.load(source(["out0", "in0", "in1"], [np.float32] * 3, [
+        parallel_loop("i", 64), "    out0[i] = in0[i] * in1[i] + in1[i] * np.float32(0.0)"]))
+    tiny = np.full(64, 1e-30, np.float32)
+    small = np.full(64, 1e-10, np.float32)
+    denormal = np.full(64, 1e-40, np.float32)           # read as 0: 0 * 1 + 1 * 0
+    out = np.full(64, np.nan, np.float32)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1 if how == "sequence_one_thread" else before)
+        first = fn.bind([out, tiny, small], nchunks=1 if how == "sequence_one_thread" else 2)
+        second = fn.bind([np.zeros(64, np.float32), denormal, np.ones(64, np.float32)], nchunks=first.nchunks)
+        if how == "bound":
+            first()
+            second()
+        else:
+            launch.Sequence([first, second], cache.sequence_runner())()
+    finally:
+        numba.set_num_threads(before)
+    assert (out == 0).all()                             # 1e-40 would be a denormal: flushed
+    assert (second.arrays[0] == 0).all()
+    assert np.float32(1e-30) * np.float32(1e-10) > 0    # the caller's thread: denormals as before
+
+    @numba.njit(parallel=True)
+    def team_modes(n):
+        modes = np.zeros(n, np.int32)
+        for t in numba.prange(n):
+            old = launch.flush_denormals()
+            launch.restore_csr(old)
+            modes[t] = old & launch.FLUSH_DENORMALS
+        return modes
+    assert (team_modes(64) == 0).all()                  # nor left set in numba's threads
