@@ -11,6 +11,7 @@ from .runtime import Module, load
 from .tune.records import ApplyHistoryBest
 from .tune.tuning import tune
 from .te.task import SearchTask, register_workload
+from .kernels.launch import set_flush_denormal
 
 __all__ = ["ApplyHistoryBest", "ModelcError", "Module", "compile", "tune", "extract_tasks", "from_onnx", "load",
-           "reference", "SearchTask", "register_workload", "__version__"]
+           "reference", "SearchTask", "register_workload", "set_flush_denormal", "__version__"]

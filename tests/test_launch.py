@@ -192,8 +192,27 @@ def test_kernels_flush_denormals_and_their_threads_keep_their_own_mode(how):
     def team_modes(n):
         modes = np.zeros(n, np.int32)
         for t in numba.prange(n):
-            old = launch.flush_denormals()
+            old = launch.flush_denormals(np.int32(0))
             launch.restore_csr(old)
             modes[t] = old & launch.FLUSH_DENORMALS
         return modes
     assert (team_modes(64) == 0).all()                  # nor left set in numba's threads
+
+
+@pytest.mark.skipif(not _X86, reason="MXCSR is x86's")
+def test_denormals_are_kept_on_request_from_the_next_run_on():
+    import modelc
+    from onnx import TensorProto, helper
+    from workloads import onnx_model
+    m = onnx_model([helper.make_node("Mul", ["x", "y"], ["z"])],
+                   [helper.make_tensor_value_info(n, TensorProto.FLOAT, [64]) for n in "xy"],
+                   [helper.make_tensor_value_info("z", TensorProto.FLOAT, [64])])
+    mod = modelc.compile(m)
+    x, y = np.full(64, 1e-30, np.float32), np.full(64, 1e-10, np.float32)
+    assert (mod(x, y) == 0).all()
+    try:
+        modelc.set_flush_denormal(False)
+        np.testing.assert_array_equal(mod(x, y), x * y)     # 1e-40, as numpy computes it
+    finally:
+        modelc.set_flush_denormal(True)
+    assert (mod(x, y) == 0).all()

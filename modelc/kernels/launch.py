@@ -60,15 +60,15 @@ def driver_source(nwords: int) -> str:
         "from numba import prange",
         "from modelc.kernels.launch import call_chunk, flush_denormals, restore_csr",
         "",
-        "@numba.njit('void(intp, intp[::1], intp, intp)', parallel=True, cache=True, nogil=True)",
-        "def drive(addr, table, n, nchunks):",
+        "@numba.njit('void(intp, intp[::1], intp, intp, int32[::1])', parallel=True, cache=True, nogil=True)",
+        "def drive(addr, table, n, nchunks, mode):",
         "    if nchunks <= 1:",
-        "        csr = flush_denormals()",
+        "        csr = flush_denormals(mode[0])",
         f"        call_chunk(addr, table, {nwords}, 0, n)",
         "        restore_csr(csr)",
         "    else:",
         "        for c in prange(nchunks):",
-        "            csr = flush_denormals()",
+        "            csr = flush_denormals(mode[0])",
         f"            call_chunk(addr, table, {nwords}, c * n // nchunks, (c + 1) * n // nchunks)",
         "            restore_csr(csr)",
         ""])
@@ -122,7 +122,7 @@ class BoundKernel:
             nchunks = numba.get_num_threads() if kernel.parallel else 1
         self.nchunks = max(1, min(nchunks, kernel.n_items))
         self.kernel = kernel
-        self._args = (kernel.address, self.table, kernel.n_items, self.nchunks)
+        self._args = (kernel.address, self.table, kernel.n_items, self.nchunks, DENORMALS)
         self._drive = kernel._drive
 
     def __call__(self):
@@ -187,14 +187,15 @@ def sequence_source(stamped: bool = False) -> str:
         " yield_cpu, flush_denormals, restore_csr"
         + (", cycle_counter" if stamped else ""),
         "",
-        "@numba.njit('void(intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], int64[::1], intp, intp"
+        "@numba.njit('void(intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], intp[::1], int64[::1], intp, intp,"
+        " int32[::1]"
         + (", int64[::1]" if stamped else "") + ")',",
         "            parallel=True, cache=True, nogil=True)",
-        "def run_sequence(addrs, words, starts, nwords, items, chunks, claims, slot, nthreads"
+        "def run_sequence(addrs, words, starts, nwords, items, chunks, claims, slot, nthreads, mode"
         + (", stamps" if stamped else "") + "):",
         *(["    stamps[0] = cycle_counter()"] if stamped else []),
         "    if nthreads <= 1:",          # every kernel serial: no parallel region at all
-        "        csr = flush_denormals()",
+        "        csr = flush_denormals(mode[0])",
         "        for k in range(addrs.size):",
         "            for c in range(chunks[k]):",
         "                call_chunk_words(addrs[k], words, starts[k], nwords[k], c * items[k] // chunks[k],",
@@ -205,7 +206,7 @@ def sequence_source(stamped: bool = False) -> str:
         "    for q in range(claims.size):",   # (a loop: `claims[:] = 0` would be a parallel region of its own)
         "        claims[q] = 0",
         "    for t in prange(nthreads):",
-        "        csr = flush_denormals()",
+        "        csr = flush_denormals(mode[0])",
         "        for k in range(addrs.size):",
         "            n = items[k]",
         "            nc = chunks[k]",
@@ -303,11 +304,19 @@ def cycle_counter(typingctx):
 # inputs read as 0): x86 multiplies a denormal through a microcode assist of ~100 cycles. Swin's
 # shifted-window attention masks scores with -100, its softmax leaves exp(-100) ~ 4e-44 in half a
 # row, and the product with V ran 24x the unmasked block's time (4.2 against 0.18 ms; numpy's matmul
-# 92x; Intel Xeon, Emerald Rapids). Every kernel runs with both set, and each thread's own MXCSR is
-# restored after: OpenVINO's CPU plugin flushes denormals likewise, onnxruntime on request
-# (`session.set_denormal_as_zero`). What it changes lies below 1.2e-38 in magnitude.
+# 92x; Intel Xeon, Emerald Rapids). Kernels run with both set unless `set_flush_denormal(False)`,
+# and each thread's own MXCSR is restored after, so the caller's numpy keeps IEEE underflow.
+# TensorFlow flushes by default too; onnxruntime (`session.set_denormal_as_zero`) and OpenVINO
+# (`CPU_DENORMALS_OPTIMIZATION`) on request. What it changes lies below 1.2e-38 in magnitude.
 FLUSH_DENORMALS = 0x8040
+DENORMALS = np.array([FLUSH_DENORMALS], np.int32)      # the bits set while kernels run (read each run)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+
+
+def set_flush_denormal(on: bool) -> None:
+    """Whether kernels flush denormals to zero (the default) or compute them as IEEE 754 says,
+    from the next run of any module on."""
+    DENORMALS[0] = FLUSH_DENORMALS if on else 0
 
 
 def _mxcsr(builder, name: str, slot):
@@ -317,9 +326,9 @@ def _mxcsr(builder, name: str, slot):
 
 
 @intrinsic
-def flush_denormals(typingctx):
-    """Set the calling thread's MXCSR to flush denormals (FLUSH_DENORMALS); the value before it
-    (0 and nothing done on a CPU without MXCSR)."""
+def flush_denormals(typingctx, bits):
+    """Set `bits` (FLUSH_DENORMALS or 0) in the calling thread's MXCSR; the value before it (0 and
+    nothing done on a CPU without MXCSR)."""
     def codegen(context, builder, sig, args):
         i32 = ir.IntType(32)
         if not _X86:
@@ -327,11 +336,11 @@ def flush_denormals(typingctx):
         slot = cgutils.alloca_once(builder, i32)
         _mxcsr(builder, "stmxcsr", slot)
         old = builder.load(slot)
-        builder.store(builder.or_(old, ir.Constant(i32, FLUSH_DENORMALS)), slot)
+        builder.store(builder.or_(old, args[0]), slot)
         _mxcsr(builder, "ldmxcsr", slot)
         return old
 
-    return types.int32(), codegen
+    return types.int32(types.int32), codegen
 
 
 @intrinsic
@@ -391,7 +400,7 @@ class Sequence:
         self.slot = -(-(int(self.chunks.max(initial=1)) + 1) // 8) * 8
         self.claims = np.zeros(len(calls) * self.slot, np.int64)     # zeroed by each run
         self._args = (self.addrs, self.words, self.starts, self.nwords, self.items, self.chunks,
-                      self.claims, self.slot, self.nthreads)
+                      self.claims, self.slot, self.nthreads, DENORMALS)
         self._run = run_sequence
 
     def __call__(self):
