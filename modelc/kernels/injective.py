@@ -164,16 +164,26 @@ class Injective(Template):
         last, names = len(shape) - 1, [f"a{j}" for j in range(len(shape))]
         blocks = -(-shape[axis] // tile)
         outer = [(f"b{j}", blocks) if j == axis else (names[j], shape[j]) for j in range(last)]
+        # too few items for the threads (a [4096, 16] -> [16, 4096] transpose is one tile): the
+        # last axis is cut into runs of whole tiles too
+        items, threads = math.prod(d for _, d in outer), target.current().threads
+        runs = max(1, min(-(-4 * threads // items), shape[last] // tile))
+        run = -(-shape[last] // runs // tile) * tile
+        runs = -(-shape[last] // run)
+        if runs > 1:
+            outer.append((f"c{last}", runs))
         lines = [parallel_loop("it", math.prod(d for _, d in outer))]
         rest = "it"
-        for j in range(last - 1, 0, -1):
+        for j in range(len(outer) - 1, 0, -1):
             lines += [f"    {outer[j][0]} = {rest} % {outer[j][1]}", f"    r{j} = {rest} // {outer[j][1]}"]
             rest = f"r{j}"
         lines.append(f"    {outer[0][0]} = {rest}")
         end = f"b{axis} * {tile} + {tile}"
         if shape[axis] % tile:
             end = f"min({end}, {shape[axis]})"
-        lines += [f"    for {names[last]} in range({shape[last]}):",
+        walk = f"range(c{last} * {run}, min(c{last} * {run} + {run}, {shape[last]}))" if runs > 1 else \
+            f"range({shape[last]})"
+        lines += [f"    for {names[last]} in {walk}:",
                   f"        for {names[axis]} in range(b{axis} * {tile}, {end}):"]
         ind, stmts, memo = " " * 12, [], {}
         at = f"np.uintp({offset(shape, None, names)})"
