@@ -23,6 +23,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+
 
 @intrinsic
 def call_chunk(typingctx, addr, table, nargs, lo, hi):
@@ -283,7 +285,7 @@ def cpu_relax(typingctx):
 
 
 def _pause(builder):
-    if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"):
+    if _X86:
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
                                             "llvm.x86.sse2.pause")
         builder.call(fn, [])
@@ -310,7 +312,6 @@ def cycle_counter(typingctx):
 # (`CPU_DENORMALS_OPTIMIZATION`) on request. What it changes lies below 1.2e-38 in magnitude.
 FLUSH_DENORMALS = 0x8040
 DENORMALS = np.array([FLUSH_DENORMALS], np.int32)      # the bits set while kernels run (read each run)
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 
 
 def set_flush_denormal(on: bool) -> None:
