@@ -444,6 +444,35 @@ def test_a_value_also_read_elsewhere_stays_an_output_of_the_merged_group():
     _assert_close(mod.run(feeds), reference.run(g, feeds))
 
 
+def test_the_parts_of_a_concat_join_it():
+    """A part of a Concat (or Pad) of the loop's size is read once per element, not broadcast:
+    torch.roll's two slices and their concat, on each of two axes (Swin's shifted windows), are
+    one kernel, and so are strided slices concatenated along channels (Swin's patch merging)."""
+    def sl(x, y, start, end, axis, step=1):
+        names = [f"{y}_{k}" for k in "seap"]
+        return ([helper.make_node("Slice", [x, *names], [y])],
+                [_const(n, np.array([v], np.int64)) for n, v in zip(names, (start, end, axis, step))])
+    nodes, consts = [], []
+    for x, y, axis in (("x", "r1", 1), ("r1", "r2", 2)):       # roll by 3 along axes 1 and 2
+        for part, (a, b) in (("a", (-3, 1 << 30)), ("b", (0, -3))):
+            n, c = sl(x, f"{y}{part}", a, b, axis)
+            nodes += n
+            consts += c
+        nodes.append(helper.make_node("Concat", [f"{y}a", f"{y}b"], [y], axis=axis))
+    for k, (h, w) in enumerate(((0, 0), (1, 0), (0, 1), (1, 1))):             # x[:, h::2, w::2, :]
+        n1, c1 = sl("r2", f"h{k}", h, 1 << 30, 1, 2)
+        n2, c2 = sl(f"h{k}", f"m{k}", w, 1 << 30, 2, 2)
+        nodes += n1 + n2
+        consts += c1 + c2
+    nodes.append(helper.make_node("Concat", [f"m{k}" for k in range(4)], ["out"], axis=3))
+    g, fused = _fused(nodes, [_vi("x", [1, 8, 8, 16])], [_vi("out", [1, 4, 4, 64])], consts)
+    assert len(fused) <= 2, [n.subgraph.op_counts() for n in fused]
+    mod = modelc.compile(g)
+    assert not mod.fallbacks
+    feeds = _feeds(g)
+    _assert_close(mod.run(feeds), reference.run(g, feeds))
+
+
 def test_a_value_read_broadcast_or_of_another_shape_is_not_merged():
     """A [1, 16] gate broadcast over [8, 16] would be recomputed for every row, so it does not join
     that reader; it may join its reader of its own shape (the Relu), storing both from one loop."""

@@ -165,9 +165,34 @@ def _joins(graph: Graph, dag, rank: dict, groups: list, a: int, b: int) -> bool:
                 if loop != {graph.tensors[o].shape} or half:
                     return False        # a's output stays one: it must fit b's loop; float16
                     #                     groups run te kernels, of one output (te/groups.py)
-            elif readers and graph.tensors[o].size < size:
+            elif readers and not _read_once(graph, o, inside, size):
                 return False            # read broadcast: merged, it would be recomputed
     return all(rank[c] > rank[b] or not nx.has_path(dag, c, b) for c in dag.successors(a) if c != b)
+
+
+# ops whose output elements each read a different element of an input (Pad: its constant mode)
+READ_ONCE = {"Concat", "Slice", "Split", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity",
+             "DepthToSpace", "SpaceToDepth", "Pad"}
+
+
+def _read_once(graph: Graph, t: str, inside: set, size: int) -> bool:
+    """Whether a loop over `size` elements computing the ops `inside` reads each element of value t
+    at most once: t is of the loop's size, or every op inside reading it takes each of its elements
+    for one output element at most (a part of a Concat, a Slice, a same-shape elementwise op, not a
+    broadcast), whose results are read once in turn. torch.roll's slices and their concat, and Swin's
+    patch merging (x[:, 0::2, 0::2] four times, concatenated), are then one kernel each."""
+    if graph.tensors[t].size >= size:
+        return True
+    shape = graph.tensors[t].shape
+    for c in graph.consumers(t):
+        if c.name not in inside:
+            continue
+        once = (c.op_type in READ_ONCE and c.attrs.get("mode", "constant") == "constant" and  # (as data:
+                (c.op_type == "Concat" or t not in c.inputs[1:])) or (        # not Pad's value)
+            c.op_type in EPILOGUE_OPS and all(graph.tensors[o].shape == shape for o in c.outputs if o))
+        if not once or not all(_read_once(graph, o, inside, size) for o in c.outputs if o):
+            return False
+    return True
 
 
 def _external(graph: Graph, group: list, owner: dict, k: int) -> list:
