@@ -179,6 +179,20 @@ def test_identity_before_graph_output_keeps_the_output_name():
     assert opt.outputs == ["y"] and [n.op_type for n in opt.topo()] == ["Relu"]
 
 
+@pytest.mark.parametrize("pads,dropped", [([0, 0, 0, 0], True), ([0, 1, 0, -1], False), ([0, 0, 1, 0], False)])
+def test_a_pad_by_zeros_is_dropped(pads, dropped):
+    """Swin pads its maps to whole windows, by nothing at 224 x 224: a copy of each map per block.
+    A pad that crops one side and pads the other keeps the shape but moves the values: it stays."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Pad", ["a", "pads"], ["p"]),
+             helper.make_node("Exp", ["p"], ["y"])]
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", [3, 5])], [_vi("y", None)],
+                                    [_const("pads", np.array(pads, np.int64))]))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert ("Pad" not in opt.op_counts()) == dropped
+    feeds = _feeds(g)
+    _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
+
+
 @pytest.mark.parametrize("equation,a,b", [
     ("bhid,bhjd->bhij", (2, 3, 5, 4), (2, 3, 6, 4)), ("bhij,bhjd->bhid", (2, 3, 5, 6), (2, 3, 6, 4)),
     ("ik,jk->ij", (5, 4), (6, 4)), ("bij,jk->bik", (2, 5, 4), (4, 3)), ("bi,bj->bij", (3, 5), (3, 4)),

@@ -1,7 +1,8 @@
 """Remove ops that compute nothing and give pure reshapes one canonical form.
 
-Identity, inference-mode Dropout, Cast to the same dtype, Expand to the same shape and Transpose
-by the identity permutation are dropped, and so is a cast to an integer type and back of floats that
+Identity, inference-mode Dropout, Cast to the same dtype, Expand to the same shape, Transpose
+by the identity permutation and Pad by zeros (Swin pads its maps to whole windows: by nothing at
+224 x 224) are dropped, and so is a cast to an integer type and back of floats that
 are integers in its range already (a quantized op's output read by the next one's dequantize).
 Flatten, Squeeze and Unsqueeze are all row-major
 reshapes, so they become Reshape to a constant shape; chains of reshapes collapse to one, and a
@@ -27,6 +28,12 @@ def _is_noop(graph: Graph, node: Node) -> bool:
     x, y = graph.tensors[node.inputs[0]], graph.tensors[node.outputs[0]]
     if op in {"Cast", "CastLike", "Expand"} | _RESHAPES:
         return x.shape == y.shape and x.dtype == y.dtype
+    if op == "Pad":
+        pads = node.attrs.get("pads")
+        if pads is None and len(node.inputs) > 1 and node.inputs[1]:
+            t = graph.tensors[node.inputs[1]]
+            pads = t.value if t.is_const else None
+        return pads is not None and not np.any(np.asarray(pads)) and x.shape == y.shape and x.dtype == y.dtype
     if op == "Transpose":
         perm = node.attrs.get("perm")
         return perm is None and len(x.shape) <= 1 or perm is not None and list(perm) == sorted(perm)
