@@ -187,8 +187,8 @@ def _read_once(graph: Graph, t: str, inside: set, size: int) -> bool:
     for c in graph.consumers(t):
         if c.name not in inside:
             continue
-        once = (c.op_type in READ_ONCE and c.attrs.get("mode", "constant") == "constant" and  # (as data:
-                (c.op_type == "Concat" or t not in c.inputs[1:])) or (        # not Pad's value)
+        once = (c.op_type in READ_ONCE and c.attrs.get("mode", "constant") == "constant" and  # (as data,
+                (c.inputs.count(t) == 1 if c.op_type == "Concat" else t not in c.inputs[1:])) or (  # once)
             c.op_type in EPILOGUE_OPS and all(graph.tensors[o].shape == shape for o in c.outputs if o))
         if not once or not all(_read_once(graph, o, inside, size) for o in c.outputs if o):
             return False
