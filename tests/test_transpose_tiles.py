@@ -43,7 +43,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_tiled_transposes_match_the_reference(name):
     wl, tile = CASES[name]
-    assert all(_transpose_tile(wl, k, out) == tile for k, out in enumerate(wl.outputs))
+    assert all(_transpose_tile(wl, [k], out) == tile for k, out in enumerate(wl.outputs))
     tpl = Injective()
     cfg = tpl.default_config(wl, tpl.space(wl))
     src = tpl.build(wl, cfg).source
@@ -65,6 +65,6 @@ def test_tiled_transposes_match_the_reference(name):
 def test_moves_that_keep_lines_whole_are_not_tiled(ops, x_shape, out_shape):
     params = {"p0": [-1], "p1": [-(1 << 40)], "p2": [1], "p3": [-1]}      # (the Slice's: column 47 down)
     wl = _wl(x_shape, ops, params, [(out_shape, f"v{len(ops) - 1}")])
-    assert _transpose_tile(wl, 0, wl.outputs[0]) is None
+    assert _transpose_tile(wl, [0], wl.outputs[0]) is None
     got, want, _, _ = testing.run(wl, Injective(), None)
     assert np.array_equal(got[0], want[0])

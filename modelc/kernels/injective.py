@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import target
 from .expr import SUPPORTED as ELEMENTWISE
+from .codegen import ParallelItem
 from .index_map import IndexMap, pad_folds
 from .layout import offset
 from .resize_map import resize_taps
@@ -119,8 +120,8 @@ class Injective(Template):
                 # shuffle 1.0 -> 0.13 ms on one thread; onnxruntime 0.046 on two; AMD EPYC Zen 4)
                 dims, names, inner = [n, c // b, h, b, w], ["a0", "a1", "a2", "a4", "a3"], 2
         else:
-            tile = _transpose_tile(gen.wl, k, out)
-            if tile is not None and all(_transpose_tile(gen.wl, j, out) == tile for j, _ in twins):
+            tile = _transpose_tile(gen.wl, [k, *(j for j, _ in twins)], out)
+            if tile is not None:
                 return self._tiled_nest(gen, k, out, ref, *tile, twins)
             dims = list(shape) or [1]
             names = [f"a{j}" for j in range(len(dims))]
@@ -172,12 +173,11 @@ class Injective(Template):
         runs = -(-shape[last] // run)
         if runs > 1:
             outer.append((f"c{last}", runs))
-        lines = [parallel_loop("it", math.prod(d for _, d in outer))]
-        rest = "it"
-        for j in range(len(outer) - 1, 0, -1):
-            lines += [f"    {outer[j][0]} = {rest} % {outer[j][1]}", f"    r{j} = {rest} // {outer[j][1]}"]
-            rest = f"r{j}"
-        lines.append(f"    {outer[0][0]} = {rest}")
+        item = ParallelItem()
+        lines = [item.loop(math.prod(d for _, d in outer))]
+        for name, d in reversed(outer[1:]):
+            lines += item.take(name, d)
+        lines.append(f"    {outer[0][0]} = {item.rest}")
         end = f"b{axis} * {tile} + {tile}"
         if shape[axis] % tile:
             end = f"min({end}, {shape[axis]})"
@@ -191,11 +191,12 @@ class Injective(Template):
         return lines + stmts + stores
 
 
-def _transpose_tile(wl: Workload, k: int, out):
-    """(axis, tile) where output `k` is a transpose worth tiling: a plain output of a group that
-    only moves the elements of one plain input, whose last axis reads the input more than a line
-    apart while another axis reads it contiguously. The strides come from tracing each element's
-    source through the reference executor (an input of its own indices)."""
+def _transpose_tile(wl: Workload, ks: list, out):
+    """(axis, tile) where outputs `ks` (of `out`'s shape, stored from one loop) are a transpose
+    worth tiling alike: plain outputs of a group that only moves the elements of one plain input,
+    whose last axis reads the input more than a line apart while another axis reads it
+    contiguously. The strides come from tracing each element's source through the reference
+    executor (an input of its own indices), once for all the outputs."""
     x = wl.inputs[0] if len(wl.inputs) == 1 else None
     if out.layout or len(out.shape) < 2 or x is None or x.const or x.layout or x.size > 1 << 24 \
             or any(op.op not in PURE_MOVES for op in wl.ops):
@@ -205,15 +206,16 @@ def _transpose_tile(wl: Workload, k: int, out):
         return None
     as_index = {**wl.json, "inputs": [{**wl.json["inputs"][0], "dtype": "int32"}],
                 "outputs": [{**t, "dtype": "int32"} for t in wl.json["outputs"]]}
-    src = Workload(as_index).reference([np.arange(x.size, dtype=np.int32).reshape(x.shape)])[k]
-    origin = (0,) * src.ndim
-
-    def stride(axis):
-        return int(src[tuple(1 if j == axis else 0 for j in range(src.ndim))]) - int(src[origin])
-    if abs(stride(src.ndim - 1)) < tile:
-        return None
-    axes = [j for j in range(src.ndim - 1) if out.shape[j] >= tile // 2 and stride(j) == 1]
-    return (axes[-1], tile) if axes else None
+    traced = Workload(as_index).reference([np.arange(x.size, dtype=np.int32).reshape(x.shape)])
+    rank, origin = len(out.shape), (0,) * len(out.shape)
+    found = set()
+    for src in (traced[k] for k in ks):
+        def stride(axis):
+            return int(src[tuple(1 if j == axis else 0 for j in range(rank))]) - int(src[origin])
+        axes = [j for j in range(rank - 1) if out.shape[j] >= tile // 2 and stride(j) == 1]
+        found.add(axes[-1] if axes and abs(stride(rank - 1)) >= tile else None)
+    axis = found.pop() if len(found) == 1 else None
+    return None if axis is None else (axis, tile)
 
 
 def _channel_parts(wl: Workload, ref: str, out):
