@@ -40,6 +40,22 @@ CASES = {
 }
 
 
+def _scaled_keys():
+    """ViT-B/16's K (torch's dynamo export): taken out of the stacked Q, K, V by a Gather of a constant,
+    heads split and transposed, then scaled by a constant as it is moved."""
+    wl = _wl([3, 40, 1, 64], [("Gather", {}, ["i0", "p0"]), ("Reshape", {}, ["v0", "p1"]),
+                              ("Transpose", {"perm": [1, 0, 2]}, ["v1"]), ("Transpose", {"perm": [0, 2, 1]}, ["v2"]),
+                              ("Reshape", {}, ["v3", "p2"]), ("Mul", {}, ["v4", "p3"]), ("Neg", {}, ["v5"])],
+             {"p1": [40, 4, 16], "p2": [1, 4, 16, 40]}, [([1, 4, 16, 40], "v6")])
+    js = wl.json
+    js["params"]["p0"] = {"dtype": "int64", "shape": [], "value": -2}
+    js["params"]["p3"] = {"dtype": "float32", "shape": [1], "value": [0.35]}
+    return Workload(js)
+
+
+CASES["keys_gathered_and_scaled"] = (_scaled_keys(), (2, 16))
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_tiled_transposes_match_the_reference(name):
     wl, tile = CASES[name]
@@ -65,6 +81,19 @@ def test_tiled_transposes_match_the_reference(name):
 def test_moves_that_keep_lines_whole_are_not_tiled(ops, x_shape, out_shape):
     params = {"p0": [-1], "p1": [-(1 << 40)], "p2": [1], "p3": [-1]}      # (the Slice's: column 47 down)
     wl = _wl(x_shape, ops, params, [(out_shape, f"v{len(ops) - 1}")])
+    assert _transpose_tile(wl, [0], wl.outputs[0]) is None
+    got, want, _, _ = testing.run(wl, Injective(), None)
+    assert np.array_equal(got[0], want[0])
+
+
+def test_a_move_scaled_per_element_by_a_tensor_is_left_untiled():
+    """Only scalar constants may ride along a traced move: a tensor operand could broadcast the
+    value to another shape, which a move traced without it would not have."""
+    wl = _wl([64, 48], [("Transpose", {"perm": [1, 0]}, ["i0"]), ("Mul", {}, ["v0", "p0"])], {},
+             [([48, 64], "v1")])
+    js = wl.json
+    js["params"]["p0"] = {"dtype": "float32", "shape": [64], "value": [0.5] * 64}
+    wl = Workload(js)
     assert _transpose_tile(wl, [0], wl.outputs[0]) is None
     got, want, _, _ = testing.run(wl, Injective(), None)
     assert np.array_equal(got[0], want[0])

@@ -193,18 +193,21 @@ class Injective(Template):
 
 def _transpose_tile(wl: Workload, ks: list, out):
     """(axis, tile) where outputs `ks` (of `out`'s shape, stored from one loop) are a transpose
-    worth tiling alike: plain outputs of a group that only moves the elements of one plain input,
+    worth tiling alike: plain outputs of a group that moves the elements of one plain input (and
+    maps each alone: `_as_move`),
     whose last axis reads the input more than a line apart while another axis reads it
     contiguously. The strides come from tracing each element's source through the reference
     executor (an input of its own indices), once for all the outputs."""
     x = wl.inputs[0] if len(wl.inputs) == 1 else None
-    if out.layout or len(out.shape) < 2 or x is None or x.const or x.layout or x.size > 1 << 24 \
-            or any(op.op not in PURE_MOVES for op in wl.ops):
+    if out.layout or len(out.shape) < 2 or x is None or x.const or x.layout or x.size > 1 << 24:
+        return None
+    ops = [_as_move(wl, op) for op in wl.ops]
+    if None in ops:
         return None
     tile = max(LINE_BYTES // out.dtype.itemsize, 1)
     if out.shape[-1] < tile or out.size < tile * tile:
         return None
-    as_index = {**wl.json, "inputs": [{**wl.json["inputs"][0], "dtype": "int32"}],
+    as_index = {**wl.json, "ops": ops, "inputs": [{**wl.json["inputs"][0], "dtype": "int32"}],
                 "outputs": [{**t, "dtype": "int32"} for t in wl.json["outputs"]]}
     traced = Workload(as_index).reference([np.arange(x.size, dtype=np.int32).reshape(x.shape)])
     rank, origin = len(out.shape), (0,) * len(out.shape)
@@ -216,6 +219,20 @@ def _transpose_tile(wl: Workload, ks: list, out):
         found.add(axes[-1] if axes and abs(stride(rank - 1)) >= tile else None)
     axis = found.pop() if len(found) == 1 else None
     return None if axis is None else (axis, tile)
+
+
+def _as_move(wl: Workload, op) -> dict | None:
+    """Op `op` as the move it makes of its elements (for tracing them): itself if it only moves
+    them (a Gather's indices constants), an Identity if it maps each element alone (elementwise, its
+    other operands scalar constants: ViT's K scaled as it is transposed), else None."""
+    js = {"op": op.op, "attrs": dict(op.attrs), "args": list(op.args)}
+    if op.op in PURE_MOVES or op.op == "Gather" and op.args[1].startswith("p"):
+        return js
+    data = [a for a in op.args if a and not a.startswith("p")]
+    if op.op in ELEMENTWISE and len(data) == 1 and all(
+            wl.params[a].size == 1 for a in op.args if a and a.startswith("p")):
+        return {"op": "Identity", "attrs": {}, "args": data}
+    return None
 
 
 def _channel_parts(wl: Workload, ref: str, out):
