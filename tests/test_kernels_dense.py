@@ -87,6 +87,26 @@ def test_a_packed_panel_of_b_is_shared_by_row_tiles(compiled):
     assert cfg["pack_b"] and cfg["m_group"] > 1, str(cfg)
 
 
+@pytest.mark.parametrize("wl_json, values", [
+    # 13 row tiles of 10 in groups of 4 (the last of one), each sharing its packed panel of 37 columns
+    (matmul_wl((1, 2, 128, 16), (1, 2, 16, 37)), {"tile_m": 10, "m_group": 4, "pack_b": True}),
+    # 9 row tiles of 6 in groups of 8 and 1, their sums kept across two k blocks of 128; 12 of 4 in 8 and 4
+    (dense_wl((50, 256), 40, epi=("res",)), {"tile_m": 6, "m_group": 8, "k_block": 128}),
+    (dense_wl((48, 256), 40), {"tile_m": 4, "m_group": 8, "k_block": 256, "order": ["m", "n"]}),
+])
+def test_a_short_last_group_of_row_tiles(wl_json, values):
+    """m_group need not divide the row tiles (ViT's 197 rows make 20 tiles of 10, 33 of 6): the last
+    group is short, and every element is stored once, by one item."""
+    wl = Workload(wl_json)
+    t = template.select(wl)
+    sp = t.space(wl)
+    cfg = sp.from_values(dict(t.default_config(wl, sp).values, **values))
+    assert sp.is_valid(cfg), str(cfg)
+    got, want, fn, args = testing.run(wl, t, cfg, seed=2)
+    assert testing.max_rel_error(got, want) <= TOL, str(cfg)
+    assert (testing.stores_per_output(fn, args) == 1).all()
+
+
 def test_transformer_tasks(compiled, transformer_tasks):
     assert {t.template for t in transformer_tasks} == {"dense", "batch_matmul"}
     for task in transformer_tasks:

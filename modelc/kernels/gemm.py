@@ -104,9 +104,7 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
     pack = (not g.b_packed) and cfg.get("pack_b", False)
     MT = -(-M // MR)
     NT = -(-N // NR)
-    if MT % G:
-        raise ModelcError(f"m_group {G} does not divide the {MT} M tiles")
-    MG = MT // G
+    MG = -(-MT // G)         # groups of G M tiles, the last one short where G does not divide MT
     BATCH = math.prod(g.batch)
     BA, BB = math.prod(g.a_batch), math.prod(g.b_batch)
     shift = M % MR != 0
@@ -142,7 +140,10 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
     body += [f"{ind}ba = {ba}", f"{ind}bb = {bb}", f"{ind}n0 = nt * {NR}"]
     if ragged_n:
         body.append(f"{ind}nv = min({NR}, {N} - n0)")
-    nacc = max(G, S) * MR * NR
+    nkb = K // KC if G > 1 else 1
+    # with k blocks, the G tiles' sums wait on the stack for the next block; without, each tile is
+    # summed and stored before the next, in the one set of accumulators (constant offsets: registers)
+    nacc = (G if nkb > 1 else S) * MR * NR
     body.append(f"{ind}acc = carray(stack_empty({nacc}, np.float32), {nacc})")
     if pack:
         # copy B[bb, :, n0:n0 + NR] into a zero-padded [K, NR] panel (flat, unsigned offsets:
@@ -161,7 +162,9 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
             body += [f"{ind}    for j in range({NR}):",
                      f"{ind}        bp[do + np.uintp(j)] = {g.b}[so + np.uintp(j)]"]
 
-    # the M tiles of this work item
+    # the M tiles of this work item's group
+    tiles = f"min({G}, {MT} - mg * {G})" if MT % G else str(G)
+
     def tile_start(gexpr, ind):
         mt = f"mg * {G} + {gexpr}" if G > 1 else "mg"
         lines = [f"{ind}mt = {mt}"]
@@ -221,29 +224,32 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
             lines += micro(ind, f"{base}{q}", gbase)
         return lines
 
-    body += [f"{ind}for q in range({nacc}):", f"{ind}    acc[q] = np.float32(0.0)"]
+    zero = [f"for q in range({nacc}):", "    acc[q] = np.float32(0.0)"]
     store = _store_unrolled if cfg.get("store") == "unrolled" else _store
-    if G == 1:
-        body += tile_start("0", ind)
-        body += k_loop(ind, "0", K, "")
-        if S > 1:       # independent accumulator sets for alternate k steps: sum them
-            body += [f"{ind}for q in range({MR * NR}):",
-                     f"{ind}    acc[q] = " + " + ".join(f"acc[q + {t * MR * NR}]" if t else "acc[q]"
-                                                   for t in range(S))]
-        body += store(wl, g, ind, MR, NR, shift, ragged_n, "")
-    else:
-        # G tiles share this item's B columns; with k blocking, a block of B rows is reused
-        # by all G tiles before the next block (their accumulators live on the stack)
-        nkb = K // KC
+    if nkb == 1:
+        # one tile, or G tiles sharing this item's columns of B (a packed panel) one after another
         inner = ind
-        if nkb > 1:
-            body.append(f"{ind}for kb in range({nkb}):")
+        if G > 1:
+            body.append(f"{ind}for gi in range({tiles}):")
             inner = ind + "    "
-        body.append(f"{inner}for gi in range({G}):")
+        body += tile_start("gi" if G > 1 else "0", inner)
+        body += [inner + ln for ln in zero]
+        body += k_loop(inner, "0", K, "")
+        if S > 1:       # independent accumulator sets for alternate k steps: sum them
+            body += [f"{inner}for q in range({MR * NR}):",
+                     f"{inner}    acc[q] = " + " + ".join(f"acc[q + {t * MR * NR}]" if t else "acc[q]"
+                                                     for t in range(S))]
+        body += store(wl, g, inner, MR, NR, shift, ragged_n, "")
+    else:
+        # with k blocking, a block of B rows is reused by all G tiles before the next block
+        body += [ind + ln for ln in zero]
+        body.append(f"{ind}for kb in range({nkb}):")
+        inner = ind + "    "
+        body.append(f"{inner}for gi in range({tiles}):")
         body += tile_start("gi", inner + "    ")
         body.append(f"{inner}    ga = gi * {MR * NR}")
-        body += k_loop(inner + "    ", f"kb * {KC}" if nkb > 1 else "0", KC if nkb > 1 else K, "ga + ")
-        body.append(f"{ind}for gi in range({G}):")
+        body += k_loop(inner + "    ", f"kb * {KC}", KC, "ga + ")
+        body.append(f"{ind}for gi in range({tiles}):")
         body += tile_start("gi", ind + "    ")
         body.append(f"{ind}    ga = gi * {MR * NR}")
         body += store(wl, g, ind + "    ", MR, NR, shift, ragged_n, "ga + ")

@@ -9,6 +9,7 @@ from .workload import Workload
 
 MR_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16]
 NR_VECTORS = [1, 2, 3, 4]      # tile_n candidates, in vectors of the target
+GROUPS = [1, 2, 4, 8, 16, 32]  # m_group candidates: M tiles a work item runs (the last group may be short)
 MAX_PANEL_BYTES = 96 * 1024    # a packed B panel on the stack (matmul) stays well inside L2
 STREAM_AT_FLOPS = 64           # cores of this many FLOPs a cycle outrun the L2's supply of a B panel ...
 L2_LINE_CYCLES = 3.0           # ... which arrives at about a 64-byte line (a vector) every 3 cycles
@@ -40,7 +41,7 @@ def gemm_space(M: int, K: int, N: int, runtime_b: bool, viewed: bool = False) ->
     sp.define_knob("tile_n", nrs)
     sp.define_reorder("order", ["m", "n"], candidates=[["m", "n"], ["n", "m"]])
     mt_max = -(-M // min(mrs))
-    sp.define_knob("m_group", [x for x in (1, 2, 4, 8) if x <= mt_max])
+    sp.define_knob("m_group", [x for x in GROUPS if x <= mt_max])
     kbs = [K] + [c for c in (512, 256, 128) if c < K and K % c == 0]
     sp.define_knob("k_block", kbs)
     sp.define_annotate("k_unroll", [u for u in (1, 2, 4) if u <= K])
@@ -55,9 +56,9 @@ def gemm_space(M: int, K: int, N: int, runtime_b: bool, viewed: bool = False) ->
         if mr * -(-nr // lanes) > most:
             return False
         mt = -(-M // mr)
-        if mt % cfg["m_group"]:
-            return False                    # grouped tiles never repeat a tile
-        if cfg["order"][0] == "n" and (mt == cfg["m_group"] or nr >= N):
+        if cfg["m_group"] > mt:
+            return False                    # (one group of all tiles: as the largest under mt)
+        if cfg["order"][0] == "n" and (mt <= cfg["m_group"] or nr >= N):
             return False                    # one group of row tiles or one column tile: the "mn" kernel
         if cfg["k_block"] != K and cfg["m_group"] == 1:
             return False                    # k blocking only reorders work across grouped tiles
@@ -173,14 +174,16 @@ def _tile_order(space: ConfigSpace, cfg, M: int, K: int, N: int, tg):
 
 
 def _share_packed_panel(space: ConfigSpace, cfg, M: int, N: int, batch: int, tg):
-    """A tile that packs its columns of B first shares the panel among up to 4 row tiles of one
-    work item, while the items still outnumber the threads 8 to 1: ViT-B/16's Q x K^T (197 x 64 @
-    64 x 197, 12 heads) ran at 0.76-0.83 of its time with 4 (AMD EPYC Zen 4; onnxruntime ~0.6)."""
+    """A tile that packs its columns of B first shares the panel among as many row tiles of one
+    work item as leave the items outnumbering the threads 8 to 1: ViT-B/16's Q x K^T (197 x 64 @
+    64 x 197, 12 heads) ran at 0.76-0.83 of its time with 4 (AMD EPYC Zen 4; onnxruntime ~0.6),
+    and at 0.93 of that with all its 20 tiles in groups of 16 and 4 (Intel Xeon, Emerald Rapids:
+    the panel's copy is paid once per group)."""
     if cfg is None or not cfg.values.get("pack_b") or cfg["k_split"] > 1:
         return cfg
     mt, nt = -(-M // cfg["tile_m"]), -(-N // cfg["tile_n"])
-    for g in (4, 2):
-        if g in space.knobs[3].values and mt % g == 0 and batch * (mt // g) * nt >= 8 * tg.threads:
+    for g in reversed(GROUPS[1:]):
+        if g in space.knobs[3].values and g <= mt and batch * -(-mt // g) * nt >= 8 * tg.threads:
             grouped = space.from_values(dict(cfg.values, m_group=g))
             if space.is_valid(grouped):
                 return grouped
