@@ -41,6 +41,17 @@ def _models():
     }
 
 
+def _builder(name):
+    """(constructor, input size) of a network this file does not list: any of torchvision's classifiers
+    (224 x 224) or video classifiers (16 frames of 112 x 112), by torchvision's own registry."""
+    import torchvision.models as tvm
+    if name in tvm.list_models(module=tvm.video):
+        return tvm.get_model_builder(name), None
+    if name in tvm.list_models(module=tvm):
+        return tvm.get_model_builder(name), 224
+    raise SystemExit(f"{name}: not one of torchvision's classifiers or video classifiers")
+
+
 def _detectors():
     import torchvision.models.detection as D
     no = dict(weights=None, weights_backbone=None)
@@ -77,7 +88,8 @@ def main(argv=None):
     warnings.filterwarnings("ignore")
     models = _models()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("names", nargs="*", help=f"default: all of {', '.join(models)}")
+    ap.add_argument("names", nargs="*", help=f"default: all of {', '.join(models)}; or any other of "
+                    "torchvision's classifiers and video classifiers by name")
     ap.add_argument("-o", "--out", required=True, help="output folder")
     ap.add_argument("--detection", action="store_true",
                     help="export torchvision's detectors instead (SSD, SSDlite, RetinaNet, FCOS, Faster, Mask and "
@@ -99,7 +111,7 @@ def main(argv=None):
             return y["out"] if isinstance(y, dict) else y
 
     for name in args.names or list(models):
-        ctor, size = models[name]
+        ctor, size = models[name] if name in models else _builder(name)
         torch.manual_seed(0)
         net = Logits(ctor(weights=None).eval()).eval()
         with torch.no_grad():              # zero-initialised heads (ViT's) would make every output 0

@@ -50,11 +50,13 @@ def test_which_chains_are_strided_views(shape, steps, view):
     assert view_of(shape, steps) == view
 
 
-def attention(t=37, heads=4, dim=16, batch=1, extra_use=False, k_first=False, fused=None, q_scale=False):
+def attention(t=37, heads=4, dim=16, batch=1, extra_use=False, k_first=False, fused=None, q_scale=False,
+              split_scale=False):
     """x [batch, t, heads x dim] -> Q, K, V (dense) -> heads -> softmax(Q K^T / 4) V -> [batch, t, heads x dim].
     `fused`: one projection to [.., 3 x heads x dim], split as exporters do: "slice" (a Slice per
     part, then heads) or "gather" (torch's MultiheadAttention: [.., 3, heads, dim] moved first, then
-    Gather 0, 1 and 2)."""
+    Gather 0, 1 and 2). `split_scale`: Q and K^T each scaled before their product (Q x 0.5, K^T / 2), as
+    torch's dynamo exporter writes scaled dot-product attention."""
     rng = np.random.default_rng(t + heads)
     e = heads * dim
     inits = [numpy_helper.from_array((rng.standard_normal((e, e)) * 0.2).astype(np.float32), f"w{n}")
@@ -95,7 +97,11 @@ def attention(t=37, heads=4, dim=16, batch=1, extra_use=False, k_first=False, fu
                       helper.make_node("Transpose", ["k2"], ["k"], perm=[0, 1, 3, 2])]
         else:
             nodes.append(helper.make_node("Transpose", ["k1"], ["k"], perm=[0, 2, 3, 1]))
-    nodes += [helper.make_node("MatMul", ["q", "k"], ["s0"]),
+    if split_scale:
+        inits += [numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+                  numpy_helper.from_array(np.array([2.0], np.float32), "two")]
+        nodes += [helper.make_node("Mul", ["half", "q"], ["qs"]), helper.make_node("Div", ["k", "two"], ["ks"])]
+    nodes += [helper.make_node("MatMul", ["qs", "ks"] if split_scale else ["q", "k"], ["s0"]),
               helper.make_node("Div", ["s0", "scale"], ["s"]),
               helper.make_node("Softmax", ["s"], ["p"], axis=-1),
               helper.make_node("MatMul", ["p", "v"], ["o0"]),
@@ -162,8 +168,30 @@ def test_q_and_v_are_read_where_one_projection_put_them(fused):
     assert set(ops) - {"Dense", "StridedMatMul", "Div", "Softmax"} <= {"Slice", "Gather", "Reshape", "Transpose"}
 
 
+def test_scales_of_q_and_k_move_past_their_product():
+    """torch's scaled dot-product attention scales Q and K by the fourth root of 1/d each: moved past
+    Q x K^T (its epilogue), Q and V are still read where the projection put them."""
+    nodes = _nodes(attention(fused="gather", split_scale=True))
+    ops = [n.op_type for n in nodes]
+    assert ops.count("StridedMatMul") == 2 and "MatMul" not in ops
+    qk = next(n for n in nodes if n.op_type == "StridedMatMul")
+    (scale,) = [n for n in nodes if n.op_type == "Mul"]
+    assert scale.inputs[0] == qk.outputs[0]
+    g = passes.optimize(from_onnx(attention(fused="gather", split_scale=True).SerializeToString()), fuse_ops=False)
+    assert float(g.value(scale.inputs[1])) == 0.25
+
+
+def test_a_scale_read_elsewhere_stays():
+    model = attention(split_scale=True, extra_use=True)
+    model.graph.output.append(helper.make_tensor_value_info("ks", TensorProto.FLOAT, None))
+    g = passes.optimize(from_onnx(model.SerializeToString()), fuse_ops=False)
+    k_scale = [n for n in g.topo() if n.op_type == "Div" and n.outputs[0] == "ks"]
+    assert len(k_scale) == 1            # K^T / 2 is a model output: it stays, and is read as it is
+
+
 @pytest.mark.parametrize("kw", [{}, {"t": 16, "batch": 2, "heads": 2, "dim": 32}, {"k_first": True, "t": 9},
-                                {"fused": "slice", "batch": 2}, {"fused": "gather", "t": 20}, {"q_scale": True}])
+                                {"fused": "slice", "batch": 2}, {"fused": "gather", "t": 20}, {"q_scale": True},
+                                {"fused": "gather", "t": 21, "split_scale": True}])
 def test_compiled_attention_matches_onnxruntime(kw, tmp_path):
     model = attention(**kw)
     mod = modelc.compile(model.SerializeToString())

@@ -12,6 +12,7 @@ from .einsum import lower_einsum
 from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
 from .fuse import fuse
+from .matmul_scale import move_matmul_scales
 from .matmul_views import fold_matmul_views
 from .merge_dense import merge_sibling_dense
 from .norms import lower_norms
@@ -33,6 +34,7 @@ PIPELINE = [
     to_dense,
     scale_into_conv,
     merge_sibling_dense,
+    move_matmul_scales,         # before the views: a scaled operand is no view
     fold_matmul_views,
     eliminate_common_subexpressions,
     eliminate_dead_code,
