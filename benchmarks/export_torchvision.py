@@ -43,10 +43,13 @@ def _models():
 
 def _builder(name):
     """(constructor, input size) of a network this file does not list: any of torchvision's classifiers
-    (224 x 224) or video classifiers (16 frames of 112 x 112), by torchvision's own registry."""
+    (224 x 224) or video classifiers (16 frames of 112 x 112, or the least its weights' card allows:
+    S3D and MViT take 224 x 224), by torchvision's own registry."""
     import torchvision.models as tvm
     if name in tvm.list_models(module=tvm.video):
-        return tvm.get_model_builder(name), None
+        meta = tvm.get_model_weights(name).DEFAULT.meta
+        side = max(112, *meta.get("min_size", (112, 112)))
+        return tvm.get_model_builder(name), (max(16, meta.get("min_temporal_size", 16)), side, side)
     if name in tvm.list_models(module=tvm):
         return tvm.get_model_builder(name), 224
     raise SystemExit(f"{name}: not one of torchvision's classifiers or video classifiers")
@@ -118,7 +121,8 @@ def main(argv=None):
             for p in net.parameters():
                 if p.dim() > 1 and not p.any():
                     torch.nn.init.normal_(p, std=0.02)
-        x = torch.randn(1, 3, 16, 112, 112) if size is None else torch.randn(1, 3, size, size)
+        x = torch.randn(1, 3, 16, 112, 112) if size is None else \
+            torch.randn(1, 3, *size) if isinstance(size, tuple) else torch.randn(1, 3, size, size)
         for tag, kw in [("ts13", dict(dynamo=False, opset_version=13)), ("dynamo", dict(dynamo=True))]:
             path = os.path.join(args.out, f"{name}_{tag}.onnx")
             if os.path.exists(path):
