@@ -179,6 +179,12 @@ def test_scatters(reduction):
           {"i": i64(1, 3, 2).reshape(3, 1), "u": randn(3, 5)}, opset=18)
 
 
+def test_scatter_nd_into_an_empty_tensor():
+    """Swin3D-T's shifted-window mask (the dynamo export) scatters rows of no elements: [14, 7, 0]."""
+    check(node("ScatterND", ["x", "i", "u"], ["y"]), {"x": randn(14, 7, 0)},
+          {"i": np.arange(7, dtype=np.int64).reshape(7, 1), "u": randn(7, 7, 0)}, opset=18)
+
+
 @pytest.mark.parametrize("largest", [0, 1])
 def test_topk_ties(largest):
     x = np.array([[3, 1, 3, 2, 1, 3], [0, 0, 5, 5, 1, 0]], np.float32)

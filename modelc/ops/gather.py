@@ -139,9 +139,10 @@ def scatter_elements(x, indices, updates, *, axis=0, reduction="none"):
 @register("ScatterND", Kind.OPAQUE, infer=_scatter_nd_infer)
 def scatter_nd(x, indices, updates, *, reduction="none"):
     k = indices.shape[-1]
-    idx = indices.reshape(-1, k)
+    n = int(np.prod(indices.shape[:-1], dtype=np.int64))     # (not -1: numpy cannot infer it beside a 0)
+    idx = indices.reshape(n, k)
     key = tuple(_wrap(idx[:, j], x.shape[j]) for j in range(k))
-    return _scatter(x.copy(), key, updates.reshape((-1,) + x.shape[k:]), reduction)
+    return _scatter(x.copy(), key, updates.reshape((n,) + x.shape[k:]), reduction)
 
 
 def _few_best(x, k: int, largest) -> np.ndarray:
