@@ -148,19 +148,20 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
     if pack:
         # copy B[bb, :, n0:n0 + NR] into a zero-padded [K, NR] panel (flat, unsigned offsets:
         # 2-d indexing of the panel kept this copy from vectorising)
-        body += [f"{ind}bp = carray(stack_empty({K * NR}, np.float32), {K * NR})",
-                 f"{ind}for k in range({K}):",
-                 f"{ind}    so = np.uintp(bb + k * {sbk} + n0)" if viewed else
-                 f"{ind}    so = np.uintp((bb * {K} + k) * {N} + n0)",
-                 f"{ind}    do = np.uintp(k * {NR})"]
-        if ragged_n:
-            body += [f"{ind}    for j in range(nv):",
-                     f"{ind}        bp[do + np.uintp(j)] = {g.b}[so + np.uintp(j)]",
-                     f"{ind}    for j in range(nv, {NR}):",
-                     f"{ind}        bp[do + np.uintp(j)] = np.float32(0.0)"]
-        else:
-            body += [f"{ind}    for j in range({NR}):",
+        def copy(ind, ragged):
+            lines = [f"{ind}for k in range({K}):",
+                     f"{ind}    so = np.uintp(bb + k * {sbk} + n0)" if viewed else
+                     f"{ind}    so = np.uintp((bb * {K} + k) * {N} + n0)",
+                     f"{ind}    do = np.uintp(k * {NR})",
+                     f"{ind}    for j in range({'nv' if ragged else NR}):",
                      f"{ind}        bp[do + np.uintp(j)] = {g.b}[so + np.uintp(j)]"]
+            return lines + ([f"{ind}    for j in range(nv, {NR}):",
+                             f"{ind}        bp[do + np.uintp(j)] = np.float32(0.0)"] if ragged else [])
+        body.append(f"{ind}bp = carray(stack_empty({K * NR}, np.float32), {K * NR})")
+        if ragged_n:        # whole tiles copy rows of constant length (vectors); the last, its part
+            body += [f"{ind}if nv == {NR}:"] + copy(ind + "    ", False) + [f"{ind}else:"] + copy(ind + "    ", True)
+        else:
+            body += copy(ind, False)
 
     # the M tiles of this work item's group
     tiles = f"min({G}, {MT} - mg * {G})" if MT % G else str(G)

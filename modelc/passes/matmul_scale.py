@@ -38,8 +38,8 @@ def _scaled(graph: Graph, mm: Node, t: str):
 
 def move_matmul_scales(graph: Graph) -> Graph:
     for mm in graph.topo():
-        if mm.op_type != "MatMul" or mm.name not in graph.nx or len(mm.inputs) != 2:
-            continue
+        if mm.op_type != "MatMul" or mm.name not in graph.nx or len(mm.inputs) != 2 or mm.attrs.get("exact"):
+            continue        # (a quantized product of integers, rounded once: as its importer wrote it)
         after = only_consumer(graph, mm.outputs[0])
         if after is not None and after.op_type in VIEW_OPS:
             continue        # a product the views may store where its moves put it (P x V): no epilogue
