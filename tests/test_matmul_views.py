@@ -313,3 +313,27 @@ def test_a_dense_stores_its_rows_moved():
     for cfg in testing.sampled_configs(tpl, wl, valid=4, draws=200, seed=8):
         got, want, _, _ = testing.run(wl, tpl, cfg, seed=2)
         assert testing.max_rel_error(got, want) < 1e-5, dict(cfg.values)
+
+
+@pytest.mark.parametrize("scales, moved", [((0.25, 3.0, 0.5), True),     # a chain of scales, and one on B
+                                           ((1e-30, 1.0, 1e30), False)])  # a product past float32's range
+def test_chained_scales_move_as_one_unless_out_of_range(scales, moved):
+    a, b = np.float32(scales[0]), np.float32(scales[2])
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for v, n in zip(scales, "uvw")]
+    nodes = [helper.make_node("Div", ["x", "u"], ["x1"]), helper.make_node("Mul", ["v", "x1"], ["x2"]),
+             helper.make_node("Mul", ["y", "w"], ["y1"]), helper.make_node("MatMul", ["x2", "y1"], ["z"])]
+    model = onnx_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 7]),
+                               helper.make_tensor_value_info("y", TensorProto.FLOAT, [7, 3])],
+                       [helper.make_tensor_value_info("z", TensorProto.FLOAT, [5, 3])], inits)
+    g = passes.optimize(from_onnx(model.SerializeToString()), fuse_ops=False)
+    (mm,) = [n for n in g.topo() if n.op_type == "MatMul"]
+    assert (mm.inputs == ["x", "y"]) == moved
+    if moved:
+        (scale,) = [n for n in g.topo() if n.op_type in ("Mul", "Div")]
+        assert scale.inputs[0] == mm.outputs[0] and np.isclose(float(g.value(scale.inputs[1])), 3.0 * b / a)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((5, 7)).astype(np.float32) * np.float32(1e-30),
+             "y": rng.standard_normal((7, 3)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = modelc.compile(model.SerializeToString())(**feeds)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

@@ -57,7 +57,7 @@ def gemm_space(M: int, K: int, N: int, runtime_b: bool, viewed: bool = False) ->
             return False
         mt = -(-M // mr)
         if cfg["m_group"] > mt:
-            return False                    # (one group of all tiles: as the largest under mt)
+            return False                    # (a group past the tiles runs as one of all of them)
         if cfg["order"][0] == "n" and (mt <= cfg["m_group"] or nr >= N):
             return False                    # one group of row tiles or one column tile: the "mn" kernel
         if cfg["k_block"] != K and cfg["m_group"] == 1:

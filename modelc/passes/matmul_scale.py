@@ -18,22 +18,32 @@ from .matmul_views import VIEW_OPS
 from .util import only_consumer, scalar
 
 
-def _scaled(graph: Graph, mm: Node, t: str):
-    """(the unscaled operand, its scale, the scaling node) where operand `t` of MatMul `mm` is
-    Mul(x, c) or Div(x, c) of a scalar constant c, read by `mm` alone; else None."""
+def _scaled(graph: Graph, reader: Node, t: str):
+    """(the unscaled operand, its scale, the scaling node) where `t`, read by `reader` alone (and
+    once), is Mul(x, c) or Div(x, c) of a scalar constant c; else None."""
     p = graph.producer(t)
-    if p is None or p.op_type not in ("Mul", "Div") or len(p.inputs) != 2 or only_consumer(graph, t) is not mm \
-            or mm.inputs.count(t) != 1:
+    if p is None or p.op_type not in ("Mul", "Div") or len(p.inputs) != 2 or \
+            only_consumer(graph, t) is not reader or reader.inputs.count(t) != 1:
         return None
     k = 1 if scalar(graph, p.inputs[1]) is not None else 0 if p.op_type == "Mul" else None
     if k is None or scalar(graph, p.inputs[1 - k]) is not None:
         return None
     x, c = p.inputs[1 - k], scalar(graph, p.inputs[k])
     tx, tt = graph.tensors[x], graph.tensors[t]
-    if tt.dtype.kind != "f" or tx.dtype != tt.dtype or tuple(tx.shape) != tuple(tt.shape) or \
-            c is None or c == 0.0 or not np.isfinite(c):
+    if tt.dtype is None or tt.dtype.kind != "f" or tx.dtype != tt.dtype or tx.shape is None or \
+            tx.shape != tt.shape or c is None or c == 0.0 or not np.isfinite(c):
         return None
     return x, (1.0 / c if p.op_type == "Div" else c), p
+
+
+def _chain(graph: Graph, mm: Node, t: str) -> tuple:
+    """(the operand under every scale of `t`, [its scaling nodes, outermost first], their product)."""
+    reader, nodes, scale = mm, [], 1.0
+    while (found := _scaled(graph, reader, t)) is not None:
+        t, c, reader = found
+        nodes.append(reader)
+        scale *= c
+    return t, nodes, scale
 
 
 def move_matmul_scales(graph: Graph) -> Graph:
@@ -43,24 +53,23 @@ def move_matmul_scales(graph: Graph) -> Graph:
         after = only_consumer(graph, mm.outputs[0])
         if after is not None and after.op_type in VIEW_OPS:
             continue        # a product the views may store where its moves put it (P x V): no epilogue
-        scale, moved = 1.0, []
-        for t in list(mm.inputs):
-            while (found := _scaled(graph, mm, t)) is not None:
-                x, c, p = found
-                graph.replace_input(mm, t, x)
-                graph.remove_node(p.name)
-                scale, t = scale * c, x
-                moved.append(p)
-        if not moved:
-            continue
+        chains = [_chain(graph, mm, t) for t in mm.inputs]
         out = mm.outputs[0]
         ot = graph.tensors[out]
+        scale = np.array(chains[0][2] * chains[1][2], ot.dtype)
+        if not chains[0][1] and not chains[1][1] or not np.isfinite(scale) or scale == 0:
+            continue        # (scales whose product leaves the type's range stay apart)
+        for t, (x, nodes, _) in zip(list(mm.inputs), chains):
+            if nodes:
+                graph.replace_input(mm, t, x)
+                for p in nodes:
+                    graph.remove_node(p.name)
         raw = graph.fresh_name(f"{out}_unscaled")
         graph.add_tensor(raw, tuple(ot.shape), ot.dtype)
         order = graph.nx.nodes[mm.name]["order"]
         graph.remove_node(mm.name, drop_outputs=False)
         graph.add_node(Node(mm.name, "MatMul", list(mm.inputs), [raw], dict(mm.attrs), mm.onnx_name), order)
-        c = graph.add_const(graph.fresh_name(f"{mm.name}_scale"), np.array(scale, ot.dtype))
-        graph.add_node(Node(graph.fresh_name(f"{mm.name}_scale"), "Mul", [raw, c], [out], {}, moved[0].onnx_name),
-                       order)
+        c = graph.add_const(graph.fresh_name(f"{mm.name}_scale"), scale)
+        onnx_name = (chains[0][1] or chains[1][1])[0].onnx_name
+        graph.add_node(Node(graph.fresh_name(f"{mm.name}_scale"), "Mul", [raw, c], [out], {}, onnx_name), order)
     return graph
