@@ -194,10 +194,9 @@ class Injective(Template):
 def _transpose_tile(wl: Workload, ks: list, out):
     """(axis, tile) where outputs `ks` (of `out`'s shape, stored from one loop) are a transpose
     worth tiling alike: plain outputs of a group that moves the elements of one plain input (and
-    maps each alone: `_as_move`),
-    whose last axis reads the input more than a line apart while another axis reads it
-    contiguously. The strides come from tracing each element's source through the reference
-    executor (an input of its own indices), once for all the outputs."""
+    maps each alone: `_as_move`), whose last axis reads the input more than a line apart while
+    another axis reads it contiguously. The strides come from tracing each element's source through
+    the reference executor (an input of its own indices), once for all the outputs."""
     x = wl.inputs[0] if len(wl.inputs) == 1 else None
     if out.layout or len(out.shape) < 2 or x is None or x.const or x.layout or x.size > 1 << 24:
         return None

@@ -31,8 +31,7 @@ def _is_noop(graph: Graph, node: Node) -> bool:
     if op == "Pad":
         pads = node.attrs.get("pads")
         if pads is None and len(node.inputs) > 1 and node.inputs[1]:
-            t = graph.tensors[node.inputs[1]]
-            pads = t.value if t.is_const else None
+            pads = graph.value(node.inputs[1])
         return pads is not None and not np.any(np.asarray(pads)) and x.shape == y.shape and x.dtype == y.dtype
     if op == "Transpose":
         perm = node.attrs.get("perm")
