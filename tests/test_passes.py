@@ -193,6 +193,24 @@ def test_a_pad_by_zeros_is_dropped(pads, dropped):
     _assert_close(reference.run(opt, feeds), reference.run(g, feeds))
 
 
+@pytest.mark.parametrize("shape,perm,reshape", [
+    ([1, 7, 8], [1, 0, 2], True), ([7, 1, 8], None, False), ([7, 1, 1, 8], [2, 0, 1, 3], True),
+    ([1, 7, 8], [0, 2, 1], False), ([7, 1, 8, 1], [3, 0, 1, 2], True), ([2, 1, 3], [2, 1, 0], False)])
+def test_a_transpose_moving_only_axes_of_length_1_is_a_reshape(shape, perm, reshape):
+    """torch's sequence-first attention at batch 1 transposes 1 x 197 x 768 to 197 x 1 x 768 before
+    each projection: the elements stay in order, so it is a view, not a copy kernel."""
+    attrs = {} if perm is None else {"perm": perm}
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Transpose", ["a"], ["t"], **attrs),
+             helper.make_node("Exp", ["t"], ["y"])]
+    g = modelc.from_onnx(onnx_model(nodes, [_vi("x", shape)], [_vi("y", None)]))
+    opt = passes.optimize(g, fuse_ops=False, verify=True)
+    assert ("Transpose" not in opt.op_counts()) == reshape
+    feeds = _feeds(g)
+    want = reference.run(g, feeds)
+    _assert_close(reference.run(opt, feeds), want)
+    _assert_close(modelc.compile(g).run(feeds), want)
+
+
 @pytest.mark.parametrize("equation,a,b", [
     ("bhid,bhjd->bhij", (2, 3, 5, 4), (2, 3, 6, 4)), ("bhij,bhjd->bhid", (2, 3, 5, 6), (2, 3, 6, 4)),
     ("ik,jk->ij", (5, 4), (6, 4)), ("bij,jk->bik", (2, 5, 4), (4, 3)), ("bi,bj->bij", (3, 5), (3, 4)),

@@ -5,8 +5,9 @@ by the identity permutation and Pad by zeros (Swin pads its maps to whole window
 224 x 224) are dropped, and so is a cast to an integer type and back of floats that
 are integers in its range already (a quantized op's output read by the next one's dequantize).
 Flatten, Squeeze and Unsqueeze are all row-major
-reshapes, so they become Reshape to a constant shape; chains of reshapes collapse to one, and a
-reshape to the same shape disappears.
+reshapes, and so is a Transpose that moves only axes of length 1 (torch's sequence-first attention
+at batch 1: 1 x 197 x 768 -> 197 x 1 x 768), so they become Reshape to a constant shape, a view rather
+than a copy kernel; chains of reshapes collapse to one, and a reshape to the same shape disappears.
 """
 from __future__ import annotations
 
@@ -92,9 +93,20 @@ def simplify(graph: Graph) -> Graph:
         if trip:
             _drop_round_trip(graph, node, *trip)
             continue
-        if node.op_type in _RESHAPES:
+        if node.op_type in _RESHAPES or node.op_type == "Transpose" and _keeps_order(graph, node):
             _canonical_reshape(graph, node)
     return graph
+
+
+def _keeps_order(graph: Graph, node: Node) -> bool:
+    """Whether a Transpose leaves every element where it was: its axes longer than 1 stay in order."""
+    shape = graph.tensors[node.inputs[0]].shape
+    if shape is None:
+        return False
+    perm = node.attrs.get("perm")
+    perm = list(range(len(shape)))[::-1] if perm is None else list(perm)
+    moved = [a for a in perm if shape[a] != 1]
+    return sorted(perm) == list(range(len(shape))) and moved == sorted(moved)
 
 
 def _canonical_reshape(graph: Graph, node: Node):
