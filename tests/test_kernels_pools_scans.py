@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import modelc
+from modelc import reference
 
 TYPES = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE, np.uint8: TensorProto.UINT8,
          np.int8: TensorProto.INT8, np.int32: TensorProto.INT32, np.int64: TensorProto.INT64}
@@ -109,6 +110,27 @@ def test_maxpool_nan_wins_as_in_the_reference():
     for k in want:
         np.testing.assert_array_equal(np.isnan(got[k]), np.isnan(want[k]))
         np.testing.assert_array_equal(got[k][~np.isnan(want[k])], want[k][~np.isnan(want[k])])
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((1, 2, 3, 6, 7), {"kernel_shape": [1, 3, 2], "pads": [1, 1, 0, 1, 0, 1], "strides": [1, 2, 1]}),
+    ((1, 2, 3, 4, 5, 6), {"kernel_shape": [2, 2, 3, 2], "pads": [1, 0, 1, 0, 0, 1, 1, 0]}),
+    ((1, 2, 5, 4, 9), {"kernel_shape": [3, 2, 3], "strides": [2, 1, 3], "dilations": [2, 2, 2], "ceil_mode": 1}),
+    ((1, 1, 2, 200, 200), {"kernel_shape": [2, 3, 3]})], ids=["frames-in-padding", "4d", "strided", "large-plane"])
+def test_maxpool_by_planes_is_the_reference_exactly(shape, attrs):
+    """3-d (and 4-d) max pools take each axis's taps in turn: whole frames, then rows, then columns.
+    Frames all in the padding (onnxruntime refuses pads as wide as the window, the reference takes
+    them: -inf), a 4-d window (onnxruntime has none), and a plane too large for the stack (by rows)."""
+    from modelc.kernels import pool_nd
+    x = randn(*shape)
+    x[0, 0].flat[7] = np.nan
+    m = _model("MaxPool", x, attrs)
+    mod = modelc.compile(m)
+    assert not mod.fallbacks
+    assert [p["template"] for p in mod.profile(repeat=1, feeds={"x": x})] == ["pool_nd"]
+    assert pool_nd._separable(_wl("MaxPool", shape, attrs)) == (shape[-1] < 200)
+    want = reference.run(modelc.from_onnx(m), {"x": x})["y0"]
+    np.testing.assert_array_equal(mod.run({"x": x})["y0"], want)
 
 
 def test_pool_float64_and_inf():

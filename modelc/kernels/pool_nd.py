@@ -111,7 +111,7 @@ class PoolNd(Template):
 
     def build(self, wl: Workload, cfg) -> Kernel:
         if _by_rows(wl):
-            return _row_kernel(wl, cfg)
+            return _plane_kernel(wl, cfg) if _separable(wl) else _row_kernel(wl, cfg)
         a = wl.anchor
         shape, geo = _geo(wl)
         x = wl.spec(a.args[0])
@@ -210,6 +210,112 @@ def _by_rows(wl: Workload) -> bool:
     a = wl.anchor
     return a.op in ("MaxPool", "AveragePool") and _outputs_mode(wl) == "chain" and \
         wl.spec(a.args[0]).dtype in (np.float32, np.float64)
+
+
+PLANE_MAX = 32768        # elements of a map plane staged on a thread's stack (128 KB of float32)
+
+
+def _separable(wl: Workload) -> bool:
+    """MaxPool over 3 or more spatial axes whose map plane fits on the stack: the max of a
+    box is the max along each axis in turn. S3D's 3x3x3 pools read each input 27 times a row at
+    a time (2.4-10x OpenVINO's time, Xeon): a plane's leading-axis taps are now combined over the
+    whole plane, its rows' taps over a row, the columns' along it, each a contiguous run."""
+    shape, geo = _geo(wl)
+    return wl.anchor.op == "MaxPool" and len(geo.out) >= 3 and math.prod(shape[-2:]) <= PLANE_MAX
+
+
+def _max_into(ind: str, dst: str, src: str, n: int, first: str) -> list:
+    """dst[0:n] = src[0:n] when `first`, else the elementwise max (NaN wins, as numpy's maximum)."""
+    return [f"{ind}if {first}:",
+            f"{ind}    for e in range({n}):",
+            f"{ind}        {dst.format('e')} = {src.format('e')}",
+            f"{ind}else:",
+            f"{ind}    for e in range({n}):",
+            f"{ind}        v = {src.format('e')}",
+            f"{ind}        m = {dst.format('e')}",
+            f"{ind}        {dst.format('e')} = v if v > m or v != v else m"]
+
+
+def _plane_kernel(wl: Workload, cfg) -> Kernel:
+    """An item per output plane: the leading axes' taps into a plane, each output row's row taps
+    into a row padded with -inf (the column taps' pads and ceil-mode overhang), then the columns."""
+    a = wl.anchor
+    shape, geo = _geo(wl)
+    x = wl.spec(a.args[0])
+    dt = x.dtype
+    x_arg = int(a.args[0][1:])
+    X = f"in{x_arg}"
+    nd = len(geo.out)
+    sp = shape[2:]
+    st = [math.prod(sp[d + 1:]) for d in range(nd)]
+    out_sp = geo.out
+    H, W = sp[-2:]
+    OH, OW = out_sp[-2:]
+    HW = H * W
+    sh, dh, bh, KH = geo.strides[-2], geo.dilations[-2], geo.begin[-2], geo.kernel[-2]
+    sw, dw, bw, KW = geo.strides[-1], geo.dilations[-1], geo.begin[-1], geo.kernel[-1]
+    right = max(0, (OW - 1) * sw + (KW - 1) * dw - bw - (W - 1))
+    RW = bw + W + right
+    low = lit(-np.inf, dt)
+    T = ctor(dt)
+    planes = shape[0] * shape[1] * math.prod(out_sp[:-2])
+    body = [parallel_loop("it", planes), "    q = it"]
+    ind = "    "
+    for d in reversed(range(nd - 2)):
+        body += [f"{ind}o{d} = q % {out_sp[d]}", f"{ind}q = q // {out_sp[d]}"]
+    one = math.prod(geo.kernel[:-2]) == 1        # S3D's 1 x 3 x 3 pools: the input's plane is read
+    body += [f"{ind}xb = q * {math.prod(sp)}",
+             f"{ind}rp = carray(stack_empty({RW}, {T}), {RW})",
+             f"{ind}for e in range({bw}):",
+             f"{ind}    rp[np.uintp(e)] = {low}",
+             f"{ind}for e in range({bw + W}, {RW}):",
+             f"{ind}    rp[np.uintp(e)] = {low}"]
+    if not one:
+        body += [f"{ind}plane = carray(stack_empty({HW}, {T}), {HW})"]
+    body += [f"{ind}nv = 0"]
+    off = "xb"
+    for d in range(nd - 2):
+        body += [f"{ind}for k{d} in range({geo.kernel[d]}):",
+                 f"{ind}    i{d} = o{d} * {geo.strides[d]} - {geo.begin[d]} + k{d} * {geo.dilations[d]}",
+                 f"{ind}    if i{d} >= 0 and i{d} < {sp[d]}:"]
+        ind += "        "
+        off += f" + i{d} * {st[d]}"
+    body += [f"{ind}pb = {off}"]
+    if not one:
+        body += _max_into(ind, "plane[np.uintp({})]", X + "[np.uintp(pb + {})]", HW, "nv == 0")
+    body += [f"{ind}nv += 1"]
+    ind = "    "
+    src = X + "[np.uintp(pb + rb + {})]" if one else "plane[np.uintp(rb + {})]"
+    if not one:
+        body += [f"{ind}if nv == 0:",
+                 f"{ind}    for e in range({HW}):",
+                 f"{ind}        plane[np.uintp(e)] = {low}"]
+    else:
+        body += [f"{ind}if nv == 0:",
+                 f"{ind}    pb = 0"]
+    body += [
+             f"{ind}for oh in range({OH}):",
+             f"{ind}    nh = 0",
+             f"{ind}    for kh in range({KH}):",
+             f"{ind}        ih = oh * {sh} - {bh} + kh * {dh}",
+             f"{ind}        if ih >= 0 and ih < {H}{' and nv > 0' if one else ''}:",
+             f"{ind}            rb = ih * {W}"]
+    body += _max_into(ind + "            ", f"rp[np.uintp({bw} + {{}})]", src, W, "nh == 0")
+    body += [f"{ind}            nh += 1",
+             f"{ind}    if nh == 0:",
+             f"{ind}        for e in range({W}):",
+             f"{ind}            rp[np.uintp({bw} + e)] = {low}",
+             f"{ind}    for ow in range({OW}):",
+             f"{ind}        c = ow * {sw}",
+             f"{ind}        m = rp[np.uintp(c)]"]
+    for kw in range(1, KW):
+        body += [f"{ind}        v = rp[np.uintp(c + {kw * dw})]",
+                 f"{ind}        m = v if v > m or v != v else m"]
+    body += [f"{ind}        o = (it * {OH} + oh) * {OW} + ow"]
+    body += store(wl, ind + "        ", "m", "o")
+    args = ["out0", X] + [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
+    dtypes = [wl.outputs[0].dtype] + [wl.inputs[int(n[2:])].dtype for n in args[1:]]
+    return Kernel(source(args, dtypes, body, parallel=cfg["parallel"]), args)
 
 
 def _row_kernel(wl: Workload, cfg) -> Kernel:
