@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..ir import Graph
 from .byte_inputs import byte_inputs
 from .canonicalize import canonicalize
+from .conv_views import convs_as_2d
 from .cse import eliminate_common_subexpressions
 from .dce import eliminate_dead_code
 from .dead_taps import prune_dead_taps
@@ -33,6 +34,7 @@ PIPELINE = [
     lower_norms,
     to_dense,
     scale_into_conv,
+    convs_as_2d,                # after the folds into a conv's weights (BatchNorm, scales)
     merge_sibling_dense,
     move_matmul_scales,         # before the views: a scaled operand is no view
     fold_matmul_views,
