@@ -36,7 +36,8 @@ def _convertible(graph: Graph, node: Node) -> bool:
     x, y = graph.tensors[node.inputs[0]], graph.tensors[node.outputs[0]]
     w = graph.value(node.inputs[1])
     return x.shape is not None and y.shape is not None and len(x.shape) == 5 and x.dtype == np.float32 and \
-        all(x.shape) and all(y.shape) and w is not None and w.ndim == 5 and _blocks(x.shape[1]) and _blocks(y.shape[1]) and \
+        all(x.shape) and all(y.shape) and w is not None and w.ndim == 5 and \
+        _blocks(x.shape[1]) and _blocks(y.shape[1]) and \
         (len(node.inputs) < 3 or not node.inputs[2] or graph.value(node.inputs[2]) is not None)
 
 

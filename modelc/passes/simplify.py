@@ -105,8 +105,10 @@ def _keeps_order(graph: Graph, node: Node) -> bool:
         return False
     perm = node.attrs.get("perm")
     perm = list(range(len(shape)))[::-1] if perm is None else list(perm)
+    if sorted(perm) != list(range(len(shape))):
+        return False
     moved = [a for a in perm if shape[a] != 1]
-    return sorted(perm) == list(range(len(shape))) and moved == sorted(moved)
+    return moved == sorted(moved)
 
 
 def _canonical_reshape(graph: Graph, node: Node):
