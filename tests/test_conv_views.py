@@ -1,4 +1,4 @@
-"""3-d convolutions run as 2-d ones over views of their frames (passes/conv_views.py)."""
+"""3-d and 1-d convolutions run as 2-d ones over views (passes/conv_views.py)."""
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -26,6 +26,10 @@ CASES = [
     ((1, 16, 4, 6, 6), (16, 16, 1, 1, 1), {"strides": [1, 2, 2]}, True),                       # strided pixels
     ((1, 16, 4, 6, 6), (16, 16, 1, 1, 1), {"strides": [2, 2, 2]}, False),                      # and frames
     ((1, 16, 4, 6, 6), (16, 16, 3, 1, 1), {"pads": [1, 1, 0, 1, 1, 0]}, False),                # padded rows
+    ((1, 32, 40), (16, 32, 3), {"pads": [2, 1], "dilations": [2], "strides": [2]}, True),  # 1-d: a TCN's
+    ((2, 16, 40), (32, 16, 5), {"pads": [2, 2]}, True),
+    ((1, 32, 40), (32, 1, 7), {"pads": [3, 3], "group": 32}, False),                          # depthwise 1-d
+    ((1, 1, 60), (16, 1, 10), {"strides": [5]}, False),                                        # wav2vec's stem
     ((1, 45, 4, 6, 6), (16, 45, 3, 1, 1), {"pads": [1, 0, 0, 1, 0, 0]}, False),                # 45 channels
 ]
 
@@ -42,13 +46,14 @@ def _model(xs, ws, attrs):
 
 @pytest.mark.parametrize("xs,ws,attrs,two_d", CASES, ids=[str(k) for k in range(len(CASES))])
 def test_a_3d_conv_over_frames_or_pointwise_is_a_2d_conv(xs, ws, attrs, two_d):
-    """Temporal (kt x 1 x 1) and pointwise convs over [N, C, D, H * W], and 1 x kh x kw ones over the
-    frames as images, with the AVX-512 target's blocks (16 channels, or 8)."""
+    """Temporal (kt x 1 x 1) and pointwise convs over [N, C, D, H * W], 1 x kh x kw ones over the
+    frames as images, and 1-d ones over [N, C, 1, L], with the AVX-512 target's blocks (16 channels,
+    or 8)."""
     m = _model(xs, ws, attrs)
     with target.use(AVX512):
         g = passes.optimize(modelc.from_onnx(m), fuse_ops=False, verify=True)
         ranks = [len(g.tensors[n.inputs[0]].shape) for n in g.topo() if n.op_type == "Conv"]
-        assert ranks == [4 if two_d else 5]
+        assert ranks == [4 if two_d else len(xs)]
     mod = modelc.compile(m)             # for the machine it runs on
     x = np.random.default_rng(1).standard_normal(xs).astype(np.float32)
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
