@@ -21,11 +21,15 @@ CASES = [
     ((1, 32, 4, 6, 5), (16, 32, 1, 1, 1), {}, True),                                           # pointwise
     ((2, 16, 3, 9, 8), (32, 8, 1, 3, 3), {"strides": [1, 2, 2], "pads": [0, 1, 1, 0, 0, 1], "group": 2}, True),
     ((1, 3, 4, 12, 11), (16, 3, 1, 5, 3), {"pads": [0, 2, 1, 0, 2, 1], "dilations": [1, 1, 2]}, True),   # a stem
-    ((1, 16, 4, 6, 6), (16, 16, 3, 3, 3), {"pads": [1] * 6}, False),                           # a 3-d window
-    ((1, 16, 4, 6, 6), (16, 16, 1, 3, 3), {"pads": [1, 1, 1, 0, 1, 1]}, False),                # padded frames
+    ((1, 16, 4, 6, 6), (16, 16, 3, 3, 3), {"pads": [1] * 6}, True),                            # a 3-d window
+    ((1, 3, 7, 12, 11), (16, 3, 3, 5, 5), {"strides": [2, 2, 2], "pads": [1, 2, 2, 2, 1, 2],
+                                           "dilations": [2, 1, 1]}, True),                     # R3D's stem
+    ((1, 3, 8, 12, 12), (16, 3, 2, 4, 4), {"strides": [2, 4, 4]}, True),                       # Swin3D's
+    ((1, 16, 4, 6, 6), (16, 8, 3, 3, 3), {"pads": [1] * 6, "group": 2}, False),                # grouped
+    ((1, 16, 4, 6, 6), (16, 16, 1, 3, 3), {"pads": [1, 1, 1, 0, 1, 1]}, True),                 # padded frames
     ((1, 16, 4, 6, 6), (16, 16, 1, 1, 1), {"strides": [1, 2, 2]}, True),                       # strided pixels
-    ((1, 16, 4, 6, 6), (16, 16, 1, 1, 1), {"strides": [2, 2, 2]}, False),                      # and frames
-    ((1, 16, 4, 6, 6), (16, 16, 3, 1, 1), {"pads": [1, 1, 0, 1, 1, 0]}, False),                # padded rows
+    ((1, 16, 4, 6, 6), (16, 16, 1, 1, 1), {"strides": [2, 2, 2]}, True),                       # and frames
+    ((1, 16, 4, 6, 6), (16, 16, 3, 1, 1), {"pads": [1, 1, 0, 1, 1, 0]}, True),                 # padded rows
     ((1, 32, 40), (16, 32, 3), {"pads": [2, 1], "dilations": [2], "strides": [2]}, True),  # 1-d: a TCN's
     ((2, 16, 40), (32, 16, 5), {"pads": [2, 2]}, True),
     ((1, 32, 40), (32, 1, 7), {"pads": [3, 3], "group": 32}, False),                          # depthwise 1-d
@@ -47,8 +51,8 @@ def _model(xs, ws, attrs):
 @pytest.mark.parametrize("xs,ws,attrs,two_d", CASES, ids=[str(k) for k in range(len(CASES))])
 def test_a_3d_conv_over_frames_or_pointwise_is_a_2d_conv(xs, ws, attrs, two_d):
     """Temporal (kt x 1 x 1) and pointwise convs over [N, C, D, H * W], 1 x kh x kw ones over the
-    frames as images, and 1-d ones over [N, C, 1, L], with the AVX-512 target's blocks (16 channels,
-    or 8)."""
+    frames as images, the rest over frames stacked as channels, and 1-d ones over [N, C, 1, L], with
+    the AVX-512 target's blocks (16 channels, or 8)."""
     m = _model(xs, ws, attrs)
     with target.use(AVX512):
         g = passes.optimize(modelc.from_onnx(m), fuse_ops=False, verify=True)
