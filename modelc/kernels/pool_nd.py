@@ -236,6 +236,27 @@ def _max_into(ind: str, dst: str, src: str, n: int, first: str) -> list:
             f"{ind}        {dst.format('e')} = v if v > m or v != v else m"]
 
 
+def _leading_taps(ind: str, geo, sp, axes: int) -> tuple[list, str, str]:
+    """Nested loops over the taps of the first `axes` spatial axes that lie inside the input
+    (output index o{d}, tap i{d}): the lines, the inner indent and the input offset from `xb`."""
+    st = [math.prod(sp[d + 1:]) for d in range(len(sp))]
+    lines, off = [], "xb"
+    for d in range(axes):
+        lines += [f"{ind}for k{d} in range({geo.kernel[d]}):",
+                  f"{ind}    i{d} = o{d} * {geo.strides[d]} - {geo.begin[d]} + k{d} * {geo.dilations[d]}",
+                  f"{ind}    if i{d} >= 0 and i{d} < {sp[d]}:"]
+        ind += "        "
+        off += f" + i{d} * {st[d]}"
+    return lines, ind, off
+
+
+def _chain_kernel(wl: Workload, x_arg: int, body: list, cfg) -> Kernel:
+    """The kernel of a pool whose one output runs the workload's epilogue (`store`)."""
+    args = ["out0", f"in{x_arg}"] + [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
+    dtypes = [wl.outputs[0].dtype] + [wl.inputs[int(n[2:])].dtype for n in args[1:]]
+    return Kernel(source(args, dtypes, body, parallel=cfg["parallel"]), args)
+
+
 def _plane_kernel(wl: Workload, cfg) -> Kernel:
     """An item per output plane: the leading axes' taps into a plane, each output row's row taps
     into a row padded with -inf (the column taps' pads and ceil-mode overhang), then the columns."""
@@ -247,7 +268,6 @@ def _plane_kernel(wl: Workload, cfg) -> Kernel:
     X = f"in{x_arg}"
     nd = len(geo.out)
     sp = shape[2:]
-    st = [math.prod(sp[d + 1:]) for d in range(nd)]
     out_sp = geo.out
     H, W = sp[-2:]
     OH, OW = out_sp[-2:]
@@ -273,14 +293,8 @@ def _plane_kernel(wl: Workload, cfg) -> Kernel:
     if not one:
         body += [f"{ind}plane = carray(stack_empty({HW}, {T}), {HW})"]
     body += [f"{ind}nv = 0"]
-    off = "xb"
-    for d in range(nd - 2):
-        body += [f"{ind}for k{d} in range({geo.kernel[d]}):",
-                 f"{ind}    i{d} = o{d} * {geo.strides[d]} - {geo.begin[d]} + k{d} * {geo.dilations[d]}",
-                 f"{ind}    if i{d} >= 0 and i{d} < {sp[d]}:"]
-        ind += "        "
-        off += f" + i{d} * {st[d]}"
-    body += [f"{ind}pb = {off}"]
+    loops, ind, off = _leading_taps(ind, geo, sp, nd - 2)
+    body += loops + [f"{ind}pb = {off}"]
     if not one:
         body += _max_into(ind, "plane[np.uintp({})]", X + "[np.uintp(pb + {})]", HW, "nv == 0")
     body += [f"{ind}nv += 1"]
@@ -313,9 +327,7 @@ def _plane_kernel(wl: Workload, cfg) -> Kernel:
                  f"{ind}        m = v if v > m or v != v else m"]
     body += [f"{ind}        o = (it * {OH} + oh) * {OW} + ow"]
     body += store(wl, ind + "        ", "m", "o")
-    args = ["out0", X] + [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
-    dtypes = [wl.outputs[0].dtype] + [wl.inputs[int(n[2:])].dtype for n in args[1:]]
-    return Kernel(source(args, dtypes, body, parallel=cfg["parallel"]), args)
+    return _chain_kernel(wl, x_arg, body, cfg)
 
 
 def _row_kernel(wl: Workload, cfg) -> Kernel:
@@ -327,7 +339,6 @@ def _row_kernel(wl: Workload, cfg) -> Kernel:
     X = f"in{x_arg}"
     nd = len(geo.out)
     sp = shape[2:]
-    st = [math.prod(sp[d + 1:]) for d in range(nd)]
     out_sp = geo.out
     OW, W = out_sp[-1], sp[-1]
     s, dl, b = geo.strides[-1], geo.dilations[-1], geo.begin[-1]
@@ -348,14 +359,8 @@ def _row_kernel(wl: Workload, cfg) -> Kernel:
         for d in range(nd - 1):
             body += _count_taps(ind, f"o{d} * {geo.strides[d]} - {geo.begin[d]}", geo, d, sp[d], inc) + \
                 [f"{ind}cnt *= c"]
-    off = "xb"
-    for d in range(nd - 1):
-        body += [f"{ind}for k{d} in range({geo.kernel[d]}):",
-                 f"{ind}    i{d} = o{d} * {geo.strides[d]} - {geo.begin[d]} + k{d} * {geo.dilations[d]}",
-                 f"{ind}    if i{d} >= 0 and i{d} < {sp[d]}:"]
-        ind += "        "
-        off += f" + i{d} * {st[d]}"
-    body.append(f"{ind}rb = {off}")
+    loops, ind, off = _leading_taps(ind, geo, sp, nd - 1)
+    body += loops + [f"{ind}rb = {off}"]
     for kl in range(geo.kernel[-1]):        # the outputs whose tap kl lies in the row: constants
         lo = max(0, -((kl * dl - b) // s))
         hi = min(OW, (W - 1 + b - kl * dl) // s + 1)
@@ -378,6 +383,4 @@ def _row_kernel(wl: Workload, cfg) -> Kernel:
         body += _count_taps(ind + "    ", f"ow * {s} - {b}", geo, nd - 1, W, inc)
         val = f"{ctor(dt)}(acc[np.uintp(ow)] / np.float64(cnt * c))"
     body += store(wl, ind + "    ", val, "o")
-    args = ["out0", X] + [f"in{k}" for k in epilogue_inputs(wl.epilogue) if k != x_arg]
-    dtypes = [wl.outputs[0].dtype] + [wl.inputs[int(n[2:])].dtype for n in args[1:]]
-    return Kernel(source(args, dtypes, body, parallel=cfg["parallel"]), args)
+    return _chain_kernel(wl, x_arg, body, cfg)
