@@ -141,12 +141,11 @@ def test_conv2d_prefetches_weights_that_stream_past_the_l1_to_few_pixels():
         assert not fetches(tg, 512, 7, 512, 3)[0] and not fetches(tg, 576, 14, 96, 1)[0]
 
 
-def test_conv2d_splits_by_rows_where_the_input_outgrows_the_weights():
+def test_conv2d_splits_by_rows_where_the_weights_are_small():
     """On twice Zen 4's FLOPs a cycle, a one-pass conv whose weights take at most a quarter of the
-    L2 and whose input at least that much splits its items among the threads by output rows (each
-    reads its rows, not the whole input), in one pass where it would otherwise pass over the input
-    channels; large weights, passes, one channel tile, and Zen 4 and AVX2 keep the split by
-    output-channel tiles."""
+    L2 splits its items among the threads by output rows (each reads its rows, not the whole input),
+    in one pass where it would otherwise pass over the input channels, on large maps and small;
+    large weights, one channel tile, and Zen 4 and AVX2 keep the split by output-channel tiles."""
     from modelc.kernels.conv2d import splits_by_rows
     from modelc.kernels.conv_geometry import conv_geometry
 
@@ -158,7 +157,8 @@ def test_conv2d_splits_by_rows_where_the_input_outgrows_the_weights():
     assert rows(SPR, 256, 56, 64, 1) and rows(SPR, 64, 56, 256, 1)
     assert rows(SPR, 512, 28, 128, 1)           # one pass by rows rather than passes by channel tiles
     assert not rows(SPR, 256, 14, 256, 3)       # 2.4 MB of weights (and passes)
-    assert not rows(SPR, 128, 28, 512, 1)       # 400 KB of input: under a quarter of the L2
+    assert rows(SPR, 128, 28, 512, 1) and rows(SPR, 384, 14, 64, 1)     # inputs of 400 and 300 KB
+    assert not rows(SPR, 960, 7, 320, 1)        # 1.2 MB of weights (in passes)
     assert not rows(SPR, 256, 56, 16, 1)        # one channel tile
     for tg in (AVX512, AVX2):
         assert not rows(tg, 256, 56, 64, 1)

@@ -40,16 +40,17 @@ LINE_FLOATS = 16          # float32 in a 64-byte cache line
 def splits_by_rows(g, tg, blocks_per_tile: int) -> bool:
     """Whether a one-pass kernel's items split among the threads by output rows, each thread walking every
     output-channel tile of its rows, rather than by channel tiles (where every thread reads the
-    whole input): on cores of 64 FLOPs a cycle, where the weights take at most a quarter of the L2
-    (every row reads them all) and the input at least that. In ResNet-50's module (Xeon, Sapphire
-    Rapids class) its 1x1 convs on 56x56 ran 0.60-0.91 of their time: each thread reads half the
-    input, most of it where the previous kernel's same thread wrote it. Not a knob: in isolation,
-    where the Measurer leaves the input where the kernel's own last run read it, the two splits
-    time the same (0.97-1.02), so tuning could not choose; with 2.4 MB of weights (a 3x3 256 ->
-    256) rows ran 1.20x slower there."""
-    weights, image = g.K * g.C * g.KH * g.KW * 4, g.C * g.H * g.W * 4
-    return (g.K // g.KB > blocks_per_tile and tg.flops_per_cycle >= PASS_AT_FLOPS
-            and weights <= tg.l2_bytes // 4 <= image)
+    whole input, half of it where the previous kernel's other thread wrote it): on cores of 64 FLOPs
+    a cycle, where the weights, which every row reads, take at most a quarter of the L2. In ResNet-50's
+    module (Xeon, Sapphire Rapids class) its 1x1 convs on 56x56 ran 0.60-0.91 of their time; on maps
+    the L2 holds easily too (MobileNetV2's 1x1 convs 384 -> 64 on 14x14 0.54-0.64, SqueezeNet's 512 ->
+    64 on 13x13 0.67-0.69; those models 0.97 of their time, ResNet-50 0.99-1.0), where they had run
+    in passes over the input channels, one item per channel tile. Not a knob: in isolation, where the
+    Measurer leaves the input where the kernel's own last run read it, the two splits time the same
+    (0.97-1.02), so tuning could not choose; with 2.4 MB of weights (a 3x3 256 -> 256) rows ran 1.20x
+    slower there."""
+    weights = g.K * g.C * g.KH * g.KW * 4
+    return g.K // g.KB > blocks_per_tile and tg.flops_per_cycle >= PASS_AT_FLOPS and weights <= tg.l2_bytes // 4
 
 
 def _axes(g):
