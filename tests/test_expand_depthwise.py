@@ -14,6 +14,7 @@ import modelc
 from modelc import target
 from modelc.extract import extract_tasks
 from modelc.kernels import template, templates, testing  # noqa: F401  (registers the templates)
+from modelc.kernels.expand_depthwise import dw_lanes
 from modelc.kernels.layout import choose_block
 from modelc.kernels.workload import Workload
 from workloads import onnx_model
@@ -261,6 +262,34 @@ def test_a_shifted_last_tile_stores_every_output():
         writers = testing.stores_per_output(fn, args).reshape(out.shape[0], -1, out.shape[2] + 2, out.shape[3] + 2,
                                                               out.layout[0])[:, :, 1:-1, 1:-1]
         assert writers.min() >= 1 and writers.max() <= 2
+
+
+@pytest.mark.parametrize("k,m", [(72, 1), (72, 2), (160, 4)])
+def test_polynomial_epilogues_run_over_whole_rows(k, m):
+    """SiLU's epilogues run as loops over a row once its tiles are summed (the first conv's in the
+    ring, the depthwise conv's from a row of the item's own, a residual read at each element's own
+    block and lane), where a row holds several tiles; a Clip's, or a row of one tile, stay in the
+    tile. Shifted last tiles (9 blocks of 8 in tiles of 2, 10 of 16 in tiles of 4) store every output."""
+    wl = ed_wl(16, k, 20, act1="SiLU", act2="SiLU", res=True, hout=1)
+    tpl = template.select(wl)
+    sp = tpl.space(wl)
+    out = wl.outputs[0]
+    cfg = sp.from_values({**tpl.default_config(wl, sp).values, "tile_oc_blocks": m, "tile_ow": 4, "tile_dw": 4,
+                          "row_groups": 2})
+    b = out.layout[0]
+    # (blocks narrower than the depthwise conv's lane loop keep their tile's stores: `dw_lanes`)
+    assert tpl.row_epilogues(wl, cfg) == (True, dw_lanes(b, m, target.current().lanes(4)) == b)
+    assert ("orow[" in tpl.build(wl, cfg).source) == tpl.row_epilogues(wl, cfg)[1]
+    got, want, fn, args = testing.run(wl, tpl, cfg)
+    assert testing.max_rel_error(got, want) <= TOL
+    writers = testing.stores_per_output(fn, args).reshape(out.shape[0], -1, out.shape[2] + 2, out.shape[3] + 2,
+                                                          out.layout[0])[:, :, 1:-1, 1:-1]
+    assert writers.min() >= 1 and writers.max() <= 2
+    assert tpl.row_epilogues(ed_wl(16, k, 20, res=True, hout=1), cfg) == (False, False)     # Clips
+    small = ed_wl(16, k, 7, act1="SiLU", act2="SiLU")         # rows of 7: one tile each, by default
+    one = tpl.default_config(small, tpl.space(small))
+    assert one["tile_ow"] >= 7 and one["tile_dw"] >= 7 and tpl.row_epilogues(small, one) == (False, False)
+    check(small)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
