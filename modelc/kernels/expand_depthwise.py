@@ -34,7 +34,7 @@ from .expr import SUPPORTED
 from .intrinsics import calls_polynomial
 from .layout import physical_shape, strides
 from .space import ConfigSpace
-from .template import Kernel, Template, epilogue, epilogue_inputs, register, source
+from .template import Kernel, Template, epilogue, epilogue_inputs, polynomial_epilogue, register, source
 from .workload import Workload
 
 OWT_CANDIDATES = [1, 2, 4, 7, 8, 14, 16, 28]
@@ -124,12 +124,6 @@ def flat(a) -> np.ndarray:
 def tile_channels(blocks: int, m: int, b: int) -> np.ndarray:
     """Each item's channels, tile by tile: m blocks of b, the last tile ending at the last block."""
     return np.array([min(t * m, blocks - m) * b + j for t in range(-(-blocks // m)) for j in range(m * b)])
-
-
-def polynomial(wl: Workload, ops: list, shape, start: str) -> bool:
-    """Whether the epilogue `ops` evaluates a polynomial approximation (SiLU's sigmoid, GELU's erf)."""
-    lines, _ = epilogue(wl, ops, "a", ["n", ("kb", "j", 16), "oh", "ow"], shape, np.float32, start, unsigned=True)
-    return calls_polynomial(lines)
 
 
 def ring_stores(wl: Workload, g: Geometry, owt: int, m: int, value, p: str, deferred: bool = False) -> list:
@@ -302,9 +296,9 @@ class ExpandDepthwise(Template):
         d = split(wl)
         g = Geometry(wl, d)
         t1, t2, m = min(cfg["tile_ow"], g.W), min(cfg["tile_dw"], g.OW), cfg["tile_oc_blocks"]
-        first = g.W > t1 and polynomial(wl, wl.ops[1:d], wl.spec(f"v{d - 1}").shape, "v0")
+        first = g.W > t1 and polynomial_epilogue(wl, wl.ops[1:d], wl.spec(f"v{d - 1}").shape, "v0")
         second = g.OW > t2 and dw_lanes(g.b, m, target.current().lanes(4)) == g.b and \
-            polynomial(wl, wl.ops[d + 1:], wl.outputs[0].shape, f"v{d}")
+            polynomial_epilogue(wl, wl.ops[d + 1:], wl.outputs[0].shape, f"v{d}")
         return first, second
 
     def imports(self) -> list:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ModelcError
 from .expr import SUPPORTED, ctor, emit, lit
-from .intrinsics import FASTMATH, FASTMATH_IN_ORDER, helpers
+from .intrinsics import FASTMATH, FASTMATH_IN_ORDER, calls_polynomial, helpers
 from .layout import offset, uoffset
 from .offsets import share_offsets
 from .space import Config, ConfigSpace
@@ -356,6 +356,14 @@ def epilogue(wl: Workload, ops: list, value: str, out_idx: list, out_shape, dtyp
     return lines, names.get(f"v{ops[-1].index}", value) if ops else value
 
 
+def polynomial_epilogue(wl: Workload, ops: list, shape, start_ref: str) -> bool:
+    """Whether the epilogue `ops` evaluates a polynomial approximation per element (SiLU's sigmoid,
+    GELU's erf): in a register tile's stores those run as many interleaved chains, spilling
+    (expand_depthwise then runs them as loops over rows)."""
+    lines, _ = epilogue(wl, ops, "a", ["n", ("kb", "j", 16), "oh", "ow"], shape, np.float32, start_ref, unsigned=True)
+    return calls_polynomial(lines)
+
+
 def anchor_ref(wl: Workload) -> str | None:
     """The name of the anchor's (single) used result, or None when another output is used."""
     used = {a for op in wl.ops for a in op.args} | set(wl.output_values)
@@ -424,4 +432,5 @@ def epilogue_inputs(ops: list) -> list:
 
 __all__ = ["KERNEL_DTYPES", "FALLBACK_DTYPES", "unsupported_dtype", "Kernel", "Template", "TEMPLATES",
            "register", "select", "alternatives", "get", "source", "parallel_loop", "ParallelLoop", "epilogue",
-           "epilogue_inputs", "output_positions", "anchor_ref", "chain_ok", "broadcast_index", "ctor", "lit"]
+           "epilogue_inputs", "polynomial_epilogue", "output_positions", "anchor_ref", "chain_ok", "broadcast_index",
+           "ctor", "lit"]
