@@ -149,13 +149,8 @@ class PoolNd(Template):
             for d in range(nd):
                 body += _count_taps(ind, f"s{d}", geo, d, sp[d], inc) + [f"{ind}cnt *= c"]
         # the window: nested loops over the taps inside the input
-        off = "xb"
-        for d in range(nd):
-            body += [f"{ind}for k{d} in range({geo.kernel[d]}):",
-                     f"{ind}    i{d} = s{d} + k{d} * {geo.dilations[d]}",
-                     f"{ind}    if i{d} >= 0 and i{d} < {sp[d]}:"]
-            ind += "        "
-            off += f" + i{d} * {st[d]}"
+        loops, ind, off = _leading_taps(ind, geo, sp, nd, lambda d: f"s{d}")
+        body += loops
         body += [f"{ind}v = {X}[np.uintp({off})]"]
         if op == "MaxPool":
             body += [f"{ind}if bi < 0 or v > acc:", f"{ind}    acc = v",
@@ -236,14 +231,16 @@ def _max_into(ind: str, dst: str, src: str, n: int, first: str) -> list:
             f"{ind}        {dst.format('e')} = v if v > m or v != v else m"]
 
 
-def _leading_taps(ind: str, geo, sp, axes: int) -> tuple[list, str, str]:
+def _leading_taps(ind: str, geo, sp, axes: int, origin=None) -> tuple[list, str, str]:
     """Nested loops over the taps of the first `axes` spatial axes that lie inside the input
-    (output index o{d}, tap i{d}): the lines, the inner indent and the input offset from `xb`."""
+    (output index o{d}, tap i{d}; `origin(d)`: the window's first tap, if held in a variable): the
+    lines, the inner indent and the input offset from `xb`."""
     st = [math.prod(sp[d + 1:]) for d in range(len(sp))]
     lines, off = [], "xb"
     for d in range(axes):
+        start = origin(d) if origin else f"o{d} * {geo.strides[d]} - {geo.begin[d]}"
         lines += [f"{ind}for k{d} in range({geo.kernel[d]}):",
-                  f"{ind}    i{d} = o{d} * {geo.strides[d]} - {geo.begin[d]} + k{d} * {geo.dilations[d]}",
+                  f"{ind}    i{d} = {start} + k{d} * {geo.dilations[d]}",
                   f"{ind}    if i{d} >= 0 and i{d} < {sp[d]}:"]
         ind += "        "
         off += f" + i{d} * {st[d]}"
