@@ -101,17 +101,17 @@ class Target:
         """Independent accumulators that keep the FMA pipes busy (fewer leave them idle)."""
         return self.fma_pipes * self.fma_latency
 
-    def tile_fits(self, pixels: int, vectors: int) -> bool:
+    def tile_fits(self, pixels: int, vectors: int, operands: int = 0) -> bool:
         """Whether a register tile of `pixels` x `vectors` accumulators (a broadcast input times
         `vectors` weight vectors per pixel) fits the registers: its accumulators, its weight vectors
         twice over (LLVM loads the next input channel's while the FMAs of this one run) and, without
         AVX-512's broadcast operand, the broadcast input. On AVX2 the tiles past 16 all spilled, 2-3x
         slower (conv2d's 8 x 1 accumulators with 4 weight vectors: 48 stack accesses in the loop;
         conv_generic's 6 x 2: 1.7x), and no conv2d task's best on AVX-512 (115 of five models)
-        needed more than 30 of 32."""
+        needed more than 30 of 32. `operands`: other vectors the loop keeps (a scale's broadcast)."""
         acc = pixels * vectors
         return acc <= self.max_tile_vectors and \
-            acc + 2 * vectors + (0 if self.broadcast_in_fma else 1) <= self.vector_registers
+            acc + 2 * vectors + operands + (0 if self.broadcast_in_fma else 1) <= self.vector_registers
 
     @property
     def broadcast_in_fma(self) -> bool:
@@ -119,6 +119,17 @@ class Target:
         broadcast). Elsewhere (AVX2) each broadcast is an instruction of its own on the load ports,
         so a register tile wants two vectors of outputs per broadcast input, or the loads bound it."""
         return "avx512f" in self.isa
+
+    def broadcasts_by_pixel(self, pixels: int, vectors: int) -> bool:
+        """Whether a register tile's source loads each pixel's broadcast input right before that
+        pixel's FMAs, rather than every pixel's first. From the usual order LLVM hoists every
+        broadcast above the FMAs (one with two uses is not folded into them), so a tile needs its
+        accumulators + pixels + weight vectors in registers, and past the registers it spilled:
+        Xeon (Sapphire Rapids class), 1x1 convs 512 -> 128 on 28x28 and 256 -> 64 on 56x56 in tiles
+        of 14 pixels x 2 vectors ran 0.81-0.90 of the 7 x 2 default's time pixel by pixel and
+        1.66x spilled. Only with the FMA's broadcast operand: on AVX2, where each broadcast takes a
+        register anyway, pixel-by-pixel source still spilled and ran 0.82-3.2x the usual order."""
+        return self.broadcast_in_fma and pixels * vectors + pixels + vectors > self.vector_registers
 
     @property
     def vectors_per_broadcast(self) -> int:

@@ -276,3 +276,24 @@ def test_items_split_by_rows_give_the_same_outputs(k, monkeypatch):
         got, want, _, _ = testing.run(wl, tpl, cfg)
         assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
         assert np.array_equal(got, chans), str(cfg)
+
+
+@pytest.mark.parametrize("k,s", [(1, 1), (3, 2)])
+def test_broadcasts_loaded_pixel_by_pixel_give_the_same_sums(k, s, monkeypatch):
+    """Tiles loading each pixel's broadcast by its FMAs (where hoisting them all would spill) sum in
+    the usual order: with shifted last tiles along rows, columns and channels, outputs bit for bit
+    those of the usual source, whatever the host's own rule."""
+    wl = conv2d_wl(C=32, H=13, W=11, K=80, k=k, s=s, p=k // 2, hin=k // 2, hout=1, residual=True)
+    tpl = template.select(wl)
+    space = tpl.space(wl)
+    default = dict(tpl.default_config(wl, space).values, c_chunk=0, prefetch=0)
+    for owt, oh, m in ((5, 2, 2), (3, 4, 1), (4, 1, 4)):
+        cfg = space.from_values(dict(default, tile_ow=owt, tile_oh=oh, tile_oc_blocks=m))
+        monkeypatch.setattr(Target, "broadcasts_by_pixel", lambda *a: False)
+        usual, src = testing.run(wl, tpl, cfg)[0], tpl.build(wl, cfg).source
+        monkeypatch.setattr(Target, "broadcasts_by_pixel", lambda *a: True)
+        by_pixel = tpl.build(wl, cfg).source
+        assert "x0_0 = " in src and "x0_0 = " not in by_pixel and by_pixel.count("xv = ") == owt * oh
+        got, want, _, _ = testing.run(wl, tpl, cfg)
+        assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+        assert np.array_equal(got, usual), str(cfg)

@@ -17,7 +17,7 @@ SPR = Target.from_features("sapphirerapids", "+avx,+avx2,+fma,+avx512f,+avx512bw
                            threads=2, caches=(48 << 10, 2 << 20, 105 << 20))
 
 
-def conv(C, H, K, k=3, s=1, p=1, group=1, layout=True, d=1):
+def conv(C, H, K, k=3, s=1, p=1, group=1, layout=True, d=1, scaled=False):
     OH = (H + 2 * p - d * (k - 1) - 1) // s + 1
     cb, kb = choose_block(C), choose_block(K)
     wshape = [K, C // group, k, k]
@@ -25,8 +25,10 @@ def conv(C, H, K, k=3, s=1, p=1, group=1, layout=True, d=1):
                      "inputs": [{"shape": [1, C, H, H], "dtype": "float32", "const": False,
                                  "layout": [cb, p] if layout else None},
                                 {"shape": wshape, "dtype": "float32", "const": True},
-                                {"shape": [K], "dtype": "float32", "const": True}],
-                     "ops": [{"op": "Conv", "args": ["i0", "i1", "i2"],
+                                {"shape": [K], "dtype": "float32", "const": True}]
+                     # a ScaledConv: a run-time scale of the input channels
+                     + ([{"shape": [1, C, 1, 1], "dtype": "float32", "const": False}] if scaled else []),
+                     "ops": [{"op": "ScaledConv" if scaled else "Conv", "args": ["i0", "i1", "i2", "i3"][:3 + scaled],
                               "attrs": {"kernel_shape": [k, k], "strides": [s, s], "pads": [p] * 4,
                                         "dilations": [d, d], "group": group}},
                              {"op": "Relu", "attrs": {}, "args": ["v0"]}],
@@ -414,3 +416,33 @@ def test_avx2_tiles_take_one_vector_where_two_vectors_of_weights_outgrow_the_l2(
             wl = conv(c, 28, 256)                      # (blocks of AVX2's 8 channels)
             cfg = tpl.default_config(wl, tpl.space(wl))
         assert cfg["tile_oc_blocks"] * wl.outputs[0].layout[0] // 8 == vectors, (c, l2, cfg.values)
+
+
+def test_broadcasts_load_pixel_by_pixel_where_hoisting_them_would_spill():
+    """With the FMA's broadcast operand, a tile whose accumulators, pixels' broadcasts and weight
+    vectors outnumber the registers loads each pixel's broadcast by its FMAs; AVX2 never does."""
+    assert SPR.broadcasts_by_pixel(14, 2) and SPR.broadcasts_by_pixel(6, 4) and AVX512.broadcasts_by_pixel(14, 2)
+    assert not SPR.broadcasts_by_pixel(7, 2) and not SPR.broadcasts_by_pixel(3, 4)
+    assert not AVX2.broadcasts_by_pixel(6, 2) and not AVX2.broadcasts_by_pixel(12, 1)
+
+
+def test_conv2d_default_takes_two_rows_where_broadcasts_load_pixel_by_pixel():
+    """On Intel's AVX-512 cores the 7 x 2-vector tile doubles to two rows (28 accumulators, which
+    loading broadcasts pixel by pixel keeps in registers; ResNet-50's module 0.97 of its time), but not
+    where the rows are odd (a shifted last tile guards its stores), where passes need whole tiles
+    (7x7), where a ScaledConv's scale takes the register, nor on Zen 4 (one vector a pixel) or AVX2."""
+    for C, H, K, k in [(256, 56, 64, 1), (512, 28, 128, 1), (256, 14, 256, 3)]:
+        wl = conv(C, H, K, k, p=k // 2)
+        _, cfg = default(wl, "conv2d", SPR)
+        assert (cfg["tile_ow"], cfg["tile_oc_blocks"], cfg["tile_oh"]) == (7, 2, 2), (C, H, K, k, cfg)
+        with target.use(SPR):
+            src = template.get("conv2d").build(wl, cfg).source
+        assert "xv = " in src and "x0_0 = " not in src
+        for tg in (AVX512, AVX2):
+            assert default(wl, "conv2d", tg)[1]["tile_oh"] == 1
+        _, cfg = default(conv(C, H, K, k, p=k // 2, scaled=True), "conv2d", SPR)
+        assert cfg["tile_oh"] == 1 and cfg["tile_oc_blocks"] == 2
+    for C, H, K, k in [(64, 55, 64, 1), (384, 13, 64, 1), (2048, 7, 512, 1), (512, 7, 512, 3)]:
+        _, cfg = default(conv(C, H, K, k, p=k // 2), "conv2d", SPR)
+        assert cfg["tile_oh"] == 1 and cfg["tile_oc_blocks"] == 2, (C, H, K, k, cfg)
+    assert default(conv(2048, 7, 512, 1, p=0), "conv2d", SPR)[1]["c_chunk"]

@@ -153,3 +153,16 @@ def test_the_per_layer_report_gives_the_gates_multiply_to_the_scaled_convolution
     owner = [i for i, names in enumerate(groups) if mul in names]
     assert len(owner) == 1
     assert fused.topo()[owner[0]].attrs["pattern"].startswith("scaled_conv2d")
+
+
+def test_scaled_conv_with_broadcasts_loaded_pixel_by_pixel(monkeypatch):
+    """Where a tile loads each pixel's broadcast by its FMAs, the scaled weight vectors are the
+    pixels' common operand (each scaled once a channel, not once a pixel), and the sums are right."""
+    from modelc.target import Target
+    monkeypatch.setattr(Target, "broadcasts_by_pixel", lambda *a: True)
+    task = next(t for t in _scaled_workloads(se_model(n=2, residual=True)) if t.template == "conv2d")
+    wl, tpl = Workload(task.workload), get("conv2d")
+    for cfg in testing.sampled_configs(tpl, wl, valid=2, draws=200, seed=3):
+        assert "* (w[wo + np.uintp(j)] * sc)" in tpl.build(wl, cfg).source
+        got, want, _, _ = testing.run(wl, tpl, cfg, seed=2)
+        assert testing.max_rel_error(got, want) < 1e-5, dict(cfg.values)

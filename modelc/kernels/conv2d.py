@@ -7,9 +7,11 @@ over (image, output-channel tile, output row, output-column tile), or rows outsi
 pixels x KT output channels (KT = m x KB, m consecutive output blocks). For each input channel the
 kernel loads OWT input scalars and runs one KT-wide loop of multiply-adds: the rows of the tile are
 written out in the source and every index is unsigned, which is what let LLVM vectorise this
-kernel (shared/PERFORMANCE.md). The fused epilogue (bias, activation, residual add ...) is
-applied to the tile before it is stored. A last tile that would run past the row is shifted left
-to end at the row's end (it recomputes a few pixels rather than branching in the inner loop).
+kernel (shared/PERFORMANCE.md); where hoisting every broadcast would spill, each pixel's broadcast
+is loaded right before its FMAs (`Target.broadcasts_by_pixel`). The fused epilogue (bias,
+activation, residual add ...) is applied to the tile before it is stored. A last tile that would
+run past the row is shifted left to end at the row's end (it recomputes a few pixels rather than
+branching in the inner loop).
 With `c_chunk`, an item is one output-channel tile whose tiles run over a share of the input
 channels at a time (the share's weights stay in the L1), their sums kept on the stack between passes.
 """
@@ -202,7 +204,8 @@ class Conv2d(Template):
     def default_config(self, wl: Workload, space: ConfigSpace):
         """A register tile of about half the accumulator registers (14 vectors on AVX-512), and
         never fewer than keep the FMA pipes busy (AVX2's 16 registers: 8, not 6 - a 1x1 conv
-        16 -> 96 on 112x112 ran 0.53 ms with 6, 0.29 with 8), preferring tiles that divide the row."""
+        16 -> 96 on 112x112 ran 0.53 ms with 6, 0.29 with 8), preferring tiles that divide the row;
+        two rows of it where its broadcasts load pixel by pixel (`Target.broadcasts_by_pixel`)."""
         g = conv_geometry(wl)
         tg = target.current()
         # as many output channels per pixel as one vector holds (at least one block), two vectors
@@ -266,6 +269,17 @@ class Conv2d(Template):
             # pass, where each weight serves few pixels (MobileNetV2's 1x1 convs on 14x14 and 7x7
             # 0.81-0.88; on 28x28 and larger 1.0-1.05, where the tiles of the map reuse them)
             cfg = space.from_values(dict(cfg.values, prefetch=1))
+        two = dict(cfg.values, tile_oh=2)
+        if vectors > 1 and g.OH % 2 == 0 and tg.broadcasts_by_pixel(2 * best, vectors) \
+                and tg.tile_fits(2 * best, vectors, int(wl.anchor.op == "ScaledConv")) \
+                and space.is_valid(space.from_values(two)):
+            # two rows of that tile where their broadcasts load pixel by pixel (so its accumulators do
+            # not spill), each weight vector serving twice the pixels, where the rows pair up (the
+            # shifted last tile of an odd count guards every store of its rows: SqueezeNet's 1x1 convs
+            # on 55x55 to 13x13 ran 1.6-2.3x slower) and the passes above keep whole tiles (7x7):
+            # Xeon (Sapphire Rapids class), ResNet-50's module. A ScaledConv's scale takes a register
+            # more (EfficientNet-B0's projections on 14x14 spilled and ran 2.2x slower)
+            cfg = space.from_values(two)
         return cfg
 
     @staticmethod
@@ -362,15 +376,17 @@ class Conv2d(Template):
                     f"    for q in range({ACC}):",
                     "        acc[q] = np.float32(0.0)"]
 
+        by_pixel = target.current().broadcasts_by_pixel(TOH * OWT, -(-KT // target.current().lanes(4)))
+
         def inner(ind, kw_expr):
             pre = " " * ind
             lines = [f"{pre}xb{rr} = np.uintp(xrow{rr} + (ow0 * {sw} + {kw_expr} * {dw} + {hin - pw}) * {cb})"
                      for rr in range(TOH)]
             lines += [f"{pre}wb = np.uintp(((((ko * {CBLK} + cb) * {KH} + kh) * {KW} + {kw_expr}) * {cb}) * {KT})",
                       f"{pre}for c in range({cb}):"]
-            for rr in range(TOH):
-                for r in range(OWT):
-                    lines.append(f"{pre}    x{rr}_{r} = {X}[xb{rr} + np.uintp({r * sw * cb} + c)]")
+            if not by_pixel:
+                lines += [f"{pre}    x{rr}_{r} = {X}[xb{rr} + np.uintp({r * sw * cb} + c)]"
+                          for rr in range(TOH) for r in range(OWT)]
             lines += [f"{pre}    wo = wb + np.uintp(c * {KT})"]
             if cfg["prefetch"]:
                 # the same place in the next pass, or (one pass) the next filter row or channel block
@@ -382,8 +398,15 @@ class Conv2d(Template):
                 # conv(x * s) = conv(x, w * s): one multiply per weight vector, not per pixel
                 s_at = offset(s_spec.shape, s_spec.layout, ["n", ("cb", "c", cb), "0", "0"])
                 lines.append(f"{pre}    sc = {S}[np.uintp({s_at})]")
-            lines += [f"{pre}    for j in range({KT}):",
-                      f"{pre}        wv = w[wo + np.uintp(j)]" + (" * sc" if S is not None else "")]
+            wv = "(w[wo + np.uintp(j)] * sc)" if S is not None else "w[wo + np.uintp(j)]"
+            if by_pixel:        # each pixel's broadcast, then its FMAs (the weight loads are shared)
+                for rr in range(TOH):
+                    for r in range(OWT):
+                        lines += [f"{pre}    xv = {X}[xb{rr} + np.uintp({r * sw * cb} + c)]",
+                                  f"{pre}    for j in range({KT}):",
+                                  f"{pre}        acc[{(rr * OWT + r) * KT} + j] += xv * {wv}"]
+                return lines
+            lines += [f"{pre}    for j in range({KT}):", f"{pre}        wv = {wv}"]
             for rr in range(TOH):
                 for r in range(OWT):
                     lines.append(f"{pre}        acc[{(rr * OWT + r) * KT} + j] += x{rr}_{r} * wv")
