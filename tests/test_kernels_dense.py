@@ -190,3 +190,25 @@ def test_gelu_epilogue_is_vectorised():
     assert "vdivps" in asm and "vdivss" not in asm
     got, want, _, _ = testing.run(wl, tpl, cfg)
     assert testing.max_rel_error(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["dense_ragged_res_relu", "matmul_broadcast_res", "matmul_const_b",
+                                  "matmul_scores_ragged_n"])
+def test_broadcasts_loaded_row_by_row_give_the_same_sums(name, monkeypatch):
+    """Tiles loading each row's broadcast of A by its FMAs (where hoisting them all would spill) sum
+    in the usual order: under the default and sampled configs (k unrolled, flat indexing, packed
+    panels, shifted rows, ragged columns) outputs bit for bit those of the usual source."""
+    from modelc.target import Target
+    wl_json, _ = HAND[name]
+    cases = _cases(wl_json, 3, seed=11)
+    wl, t, cfg = cases[0]
+    split = t.space(wl).from_values(dict(cfg.values, k_unroll=2, k_split=2, m_group=1))   # two sets of sums
+    for wl, t, cfg in cases + [(wl, t, split)] * t.space(wl).is_valid(split):
+        monkeypatch.setattr(Target, "broadcasts_by_pixel", lambda *a: False)
+        usual, src = testing.run(wl, t, cfg, seed=3)[0], t.build(wl, cfg).source
+        monkeypatch.setattr(Target, "broadcasts_by_pixel", lambda *a: True)
+        by_row = t.build(wl, cfg).source
+        assert " x0 = " in src and " x0 = " not in by_row and "xv = " in by_row, str(cfg)
+        got, want, _, _ = testing.run(wl, t, cfg, seed=3)
+        assert testing.max_rel_error(got, want) <= TOL, (name, str(cfg))
+        assert np.array_equal(got[0], usual[0]), (name, str(cfg))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import target
 from ..errors import ModelcError
 from ..ops.internal import stored_shape
 from .codegen import ParallelItem, shifted_start, unravel_index
@@ -175,14 +176,16 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
             lines += [f"{ind}m0 = mt * {MR}"]
         return lines
 
+    tg = target.current()
+    by_row = tg.broadcasts_by_pixel(MR, -(-NR // tg.lanes(4)))
+
     def micro(ind, k, gbase, q=0):
         """One k step of the MR x NR tile at acc[gbase ...], into accumulator set q."""
         lines = []
         if flat:
             lines.append(f"{ind}xo = np.uintp(ba + m0 * {sam} + ({k}) * {sak})" if viewed else
                          f"{ind}xo = np.uintp((ba * {M} + m0) * {K} + {k})")
-            for r in range(MR):
-                lines.append(f"{ind}x{r} = {g.a}[xo + np.uintp({r * sam})]" if r else f"{ind}x0 = {g.a}[xo]")
+            xs = [f"{g.a}[xo + np.uintp({r * sam})]" if r else f"{g.a}[xo]" for r in range(MR)]
             if g.b_packed:
                 lines.append(f"{ind}wo = np.uintp((nt * {K} + {k}) * {NR})")
                 wv = f"{g.b}[wo + np.uintp(j)]"
@@ -196,12 +199,17 @@ def gemm_source(wl: Workload, g: Gemm, cfg: dict, args: list, dtypes: list) -> s
                 lines.append(f"{ind}wo = np.uintp((bb * {K} + {k}) * {N} + n0)")
                 wv = f"{g.b}[wo + np.uintp(j)]"
         else:
-            for r in range(MR):
-                lines.append(f"{ind}x{r} = A[ba, m0 + {r}, {k}]" if r else f"{ind}x0 = A[ba, m0, {k}]")
+            xs = [f"A[ba, m0 + {r}, {k}]" if r else f"A[ba, m0, {k}]" for r in range(MR)]
             if pack:
                 lines.append(f"{ind}wo = np.uintp(({k}) * {NR})")
             wv = (f"B[nt, {k}, j]" if g.b_packed else "bp[wo + np.uintp(j)]" if pack
                   else f"B[bb, {k}, n0 + j]")
+        if by_row:          # each row's broadcast, then its FMAs (the loads of B's row are shared)
+            for r in range(MR):
+                lines += [f"{ind}xv = {xs[r]}", f"{ind}for j in range({NR}):",
+                          f"{ind}    acc[{gbase}{q * MR * NR + r * NR} + j] += xv * {wv}"]
+            return lines
+        lines += [f"{ind}x{r} = {x}" for r, x in enumerate(xs)]
         lines += [f"{ind}for j in range({NR}):", f"{ind}    wv = {wv}"]
         for r in range(MR):
             lines.append(f"{ind}    acc[{gbase}{q * MR * NR + r * NR} + j] += x{r} * wv")
