@@ -149,6 +149,7 @@ def blocked_conv(wl: Workload) -> bool:
 @register
 class Conv2d(Template):
     name = "conv2d"
+    stores_in_place = True     # (tile_stores / gemm: every element stored once, after its read)
 
     def matches(self, wl: Workload) -> bool:
         if not blocked_conv(wl) or "x_zero" in wl.anchor.attrs:

@@ -19,6 +19,7 @@ from .workload import Workload
 @register
 class Dense(Template):
     name = "dense"
+    stores_in_place = True     # (tile_stores / gemm: every element stored once, after its read)
 
     def _dims(self, wl: Workload):
         x = wl.spec(wl.anchor.args[0])

@@ -89,11 +89,15 @@ class CompiledKernel:
         self.outputs = tuple(outputs)            # positions of the arrays the kernel writes
         self._drive = drive
 
-    def bind(self, arrays, nchunks: int | None = None) -> "BoundKernel":
-        return BoundKernel(self, arrays, nchunks)
+    def bind(self, arrays, nchunks: int | None = None, shared=()) -> "BoundKernel":
+        return BoundKernel(self, arrays, nchunks, shared)
 
     def __call__(self, *arrays):
         self.bind(arrays)()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.ctypes.data == b.ctypes.data and a.nbytes == b.nbytes
 
 
 class BoundKernel:
@@ -102,7 +106,7 @@ class BoundKernel:
     It holds the arrays, so their memory stays valid for as long as the kernel can be called.
     """
 
-    def __init__(self, kernel: CompiledKernel, arrays, nchunks: int | None = None):
+    def __init__(self, kernel: CompiledKernel, arrays, nchunks: int | None = None, shared=()):
         import numba
         arrays = tuple(arrays)
         if len(arrays) != kernel.nargs:
@@ -112,8 +116,11 @@ class BoundKernel:
                     and a.dtype == dt):
                 raise TypeError(f"kernel argument {k} must be a writable C-contiguous {dt} array, "
                                 f"got {type(a).__name__} {getattr(a, 'dtype', '')}")
+        # `shared`: inputs that may be an output's very array, where the kernel reads each of their
+        # elements only right before storing that element of the output (`Template.stores_in_place`)
         for k in kernel.outputs:
-            if any(np.may_share_memory(arrays[k], a) for j, a in enumerate(arrays) if j != k):
+            if any(np.may_share_memory(arrays[k], a) and not (j in shared and _same(a, arrays[k]))
+                   for j, a in enumerate(arrays) if j != k):
                 raise ValueError(f"kernel output {k} overlaps another of its arrays")
         self.arrays = arrays
         self.table = np.array([v for a in arrays for v in (a.ctypes.data, a.size)], np.intp)

@@ -112,7 +112,10 @@ class KernelCompiler(CompilerBase):
     parallel loops. Without noalias LLVM had to assume that an output may overlap an input: the
     epilogue loops of the dense kernels stayed scalar and the transformer's dense layers ran 3x
     slower. Modules never give a kernel an output buffer that overlaps another of its arrays
-    (`launch.BoundKernel` checks)."""
+    (`launch.BoundKernel` checks), but for a residual that is the output's very array, in templates
+    that read each of its elements once, right before storing that element (`stores_in_place`): the
+    store depends on that load, so no reordering noalias allows moves one past the other, and the
+    other elements are other addresses."""
 
     def compile_extra(self, func):
         global _active

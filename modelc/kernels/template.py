@@ -48,6 +48,8 @@ class Template:
     supersedes = False     # an alternative that, where `preferred`, is the workload's only algorithm
                            # tuning tries (the others cannot win)
     reads_bytes = False    # builds convs that read their input as bytes (`x_zero`: passes/byte_inputs.py)
+    stores_in_place = False  # its kernels read each element of an epilogue input of the output's shape only
+                             # right before storing that element, once: the output may take its buffer
 
     def matches(self, wl: Workload) -> bool:
         raise NotImplementedError

@@ -30,7 +30,7 @@ from ..kernels.workload import Workload
 from ..validate import DocumentError, check_program
 from ..version import VERSION
 from .. import memory
-from .plan import concat_parts, plan_buffers
+from .plan import concat_parts, in_place_inputs, plan_buffers
 from .tail import Tail
 
 
@@ -127,16 +127,19 @@ class _Context:
 
         self.calls = []
         for s, k, fn, packed in mod._bound:
-            args = []
+            args, shared = [], []
             for a in k.args:
                 if a.startswith("out"):
                     args.append(buf(s["outputs"][int(a[3:])]))
                 elif a.startswith("in"):
-                    args.append(buf(s["inputs"][int(a[2:])]))
+                    t = s["inputs"][int(a[2:])]
+                    if len(s["outputs"]) == 1 and plan.in_place.get(s["outputs"][0]) == t:
+                        shared.append(len(args))        # the residual whose buffer the output took
+                    args.append(buf(t))
                 else:
                     args.append(packed[a])
             # a generated kernel is bound to its buffers once; a fallback is a Python function
-            self.calls.append(fn.bind(args) if k.source is not None else functools.partial(fn, *args))
+            self.calls.append(fn.bind(args, shared=shared) if k.source is not None else functools.partial(fn, *args))
         self.program = _sequences(self.calls)
         self.inputs = [buf(i["name"]) for i in mod.input_specs]
         self.home = [b.ctypes.data for b in self.inputs]
@@ -231,9 +234,10 @@ class Module:
 
         data = {n: (t["shape"], t["dtype"], tuple(t["layout"]) if t["layout"] else None)
                 for n, t in tensors.items() if not t["const"]}
+        in_place = in_place_inputs(steps, tensors, views, lambda s: get_template(s["template"]).stores_in_place)
         plan = plan_buffers([(s["inputs"], s["outputs"], v) for s, v in zip(steps, views)], data,
                             [i["name"] for i in self.input_specs], [o["name"] for o in self.output_specs],
-                            parts)
+                            parts, in_place)
         views = [v or i in merged for i, v in enumerate(views)]     # those Concats run no kernel
         self.plan = plan
         holds = {}

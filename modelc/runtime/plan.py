@@ -23,6 +23,7 @@ class BufferPlan:
     naive_bytes: int           # one buffer per tensor
     planned_bytes: int
     tensor_offset: dict = field(default_factory=dict)   # tensor name -> first element in its buffer (else 0)
+    in_place: dict = field(default_factory=dict)        # output -> the epilogue input whose buffer it took
 
 
 def concat_parts(steps: list, tensors: dict, views: list, pinned: set) -> tuple[dict, set]:
@@ -73,10 +74,36 @@ def concat_parts(steps: list, tensors: dict, views: list, pinned: set) -> tuple[
     return parts, merged
 
 
-def plan_buffers(steps: list, tensors: dict, inputs: list, outputs: list, parts: dict | None = None) -> BufferPlan:
+def in_place_inputs(steps: list, tensors: dict, views: list, stores_in_place) -> dict:
+    """{step index: input} where the step's output may take the buffer of an input that only its
+    epilogue reads, element by element at the output's own index (a residual added to a conv's sums:
+    same shape, dtype and layout), if the step is that input's last use (`plan_buffers` checks):
+    the output's lines are then the ones the kernel has just read, not a cold buffer's, as
+    onnxruntime's convs sum into the residual's buffer. `stores_in_place(step)`: whether the step's
+    kernel reads each such element only right before storing that element of the output, once."""
+    found = {}
+    for i, s in enumerate(steps):
+        if views[i] or len(s["outputs"]) != 1 or not stores_in_place(s):
+            continue
+        ops = s["workload"]["ops"]
+        out = tensors[s["outputs"][0]]
+        anchor = {s["inputs"][int(a[1:])] for a in ops[0]["args"] if isinstance(a, str) and a.startswith("i")}
+        for t in s["inputs"]:
+            x = tensors.get(t)
+            if x is None or x["const"] or t in anchor:
+                continue
+            if (list(x["shape"]), x["dtype"], x["layout"]) == (list(out["shape"]), out["dtype"], out["layout"]):
+                found[i] = t
+                break
+    return found
+
+
+def plan_buffers(steps: list, tensors: dict, inputs: list, outputs: list, parts: dict | None = None,
+                 in_place: dict | None = None) -> BufferPlan:
     """steps: (input names, output names, alias) in run order; tensors: name -> (shape, dtype, layout);
-    parts: Concat inputs written in place ({input: (the Concat's result, element offset)})."""
-    parts = parts or {}
+    parts: Concat inputs written in place ({input: (the Concat's result, element offset)});
+    in_place: {step index: an input whose buffer the step's output may take (`in_place_inputs`)}."""
+    parts, in_place = parts or {}, in_place or {}
     base = {t: out for t, (out, _) in parts.items()}    # view or part -> the tensor that owns its memory
     views = set()
     last_use = {}
@@ -98,7 +125,7 @@ def plan_buffers(steps: list, tensors: dict, inputs: list, outputs: list, parts:
         return (size, np.dtype(dtype).str, tuple(shape) if halo else None, tuple(layout) if halo else None)
 
     free: dict = {}
-    assign, buffers, offsets = {}, [], {}
+    assign, buffers, offsets, donated = {}, [], {}, {}
 
     def new_buffer(name):
         shape, dtype, layout = tensors[name]
@@ -120,6 +147,13 @@ def plan_buffers(steps: list, tensors: dict, inputs: list, outputs: list, parts:
                 continue
             if t in assign:                     # a Concat whose parts were written in place
                 continue
+            r = in_place.get(i)
+            if r is not None and r in assign and base.get(r, r) == r and r not in views and r not in parts \
+                    and r not in offsets and last_use.get(r) == i and r not in pinned and t not in pinned \
+                    and key(r) == key(t):
+                assign[t] = assign[r]           # the output takes its residual's buffer
+                donated[t] = r
+                continue
             k = key(t)
             pool = free.get(k)
             assign[t] = pool.pop() if pool and t not in pinned else new_buffer(t)
@@ -130,9 +164,9 @@ def plan_buffers(steps: list, tensors: dict, inputs: list, outputs: list, parts:
                     offsets[t] = offsets[ins[0]]
         released = {base.get(t, t) for t in ins + outs if t in assign}
         for t in released:
-            if last_use.get(t) == i and t not in pinned:
+            if last_use.get(t) == i and t not in pinned and t not in donated.values():
                 free.setdefault(key(t), []).append(assign[t])
     naive = sum(physical_size(s, lay) * np.dtype(d).itemsize for n, (s, d, lay) in tensors.items()
                 if n in assign and n not in views)
     planned = sum(size * dt.itemsize for size, dt in buffers)
-    return BufferPlan(assign, buffers, naive, planned, offsets)
+    return BufferPlan(assign, buffers, naive, planned, offsets, donated)
