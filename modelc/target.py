@@ -47,6 +47,20 @@ def _by_prefix(table: dict, llvm_cpu: str, default):
     return next((v for k, v in table.items() if llvm_cpu.startswith(k)), default)
 
 
+# Intel's x86 cores with AMX are its server cores since Sapphire Rapids. Under a hypervisor that
+# reports another model number, LLVM names them after a client core, whose rows in the tables above
+# do not fit them: a 2-core KVM Xeon with AMX, AVX512-FP16, 2 MiB of L2 a core and a 480 MiB L3
+# (model 167) read "rocketlake", whose cores reach their L3 over a ring, not a mesh.
+_AMX_CORES = ("sapphirerapids", "emeraldrapids", "graniterapids", "diamondrapids")
+
+
+def _core(llvm_cpu: str, isa) -> str:
+    """The name the tables are read by: LLVM's, unless its features show a core LLVM misnamed."""
+    if "amx-tile" in isa and not llvm_cpu.startswith(_AMX_CORES):
+        return _AMX_CORES[0]
+    return llvm_cpu
+
+
 @dataclass(frozen=True)
 class Target:
     cpu: str                    # the model name the OS reports ("AMD EPYC", "Intel Xeon ...")
@@ -81,7 +95,7 @@ class Target:
     @property
     def beyond_l2_bytes_per_cycle(self) -> int:
         """What one core streams a cycle from its last-level cache or memory (`_BEYOND_L2`)."""
-        return _by_prefix(_BEYOND_L2, self.llvm_cpu, _DEFAULT_BEYOND_L2)
+        return _by_prefix(_BEYOND_L2, _core(self.llvm_cpu, self.isa), _DEFAULT_BEYOND_L2)
 
     def fma_slots(self, n: int) -> int:
         """FMA issue slots of one multiply-add over `n` float32 lanes: LLVM vectorises a loop of n at
@@ -195,8 +209,8 @@ class Target:
             bits, regs = 128, 32
         else:
             bits, regs = 128, 16
-        pipes, latency = _by_prefix(_FMA, llvm_cpu, _DEFAULT_FMA)
-        fma_bits = _by_prefix(_HALF_WIDTH_FMA, llvm_cpu, bits)
+        pipes, latency = _by_prefix(_FMA, _core(llvm_cpu, isa), _DEFAULT_FMA)
+        fma_bits = _by_prefix(_HALF_WIDTH_FMA, _core(llvm_cpu, isa), bits)
         l1, l2, l3 = caches or _DEFAULT_CACHES
         return cls(cpu=cpu or llvm_cpu, llvm_cpu=llvm_cpu, isa=isa, vector_bits=bits, vector_registers=regs,
                    fma_pipes=pipes, fma_latency=latency, fma_bits=fma_bits, l1d_bytes=int(l1),

@@ -33,6 +33,18 @@ def test_fma_pipes_by_microarchitecture():
     assert Target.from_features("some-future-cpu", AVX2).accumulators_in_flight == 8
 
 
+def test_a_server_core_llvm_names_after_a_client_core_reads_the_server_rows():
+    """AMX marks Intel's server cores: a KVM Xeon LLVM calls "rocketlake" (the hypervisor's model
+    number) streams beyond its L2 over a mesh, as a Sapphire Rapids does; numba still compiles for the
+    name LLVM gives, and a real Rocket Lake (no AMX) keeps the client's row."""
+    amx = AVX512.replace("-amx-tile", "+amx-tile")
+    misnamed, spr = Target.from_features("rocketlake", amx), Target.from_features("sapphirerapids", amx)
+    assert misnamed.beyond_l2_bytes_per_cycle == spr.beyond_l2_bytes_per_cycle == 8
+    assert misnamed.llvm_cpu == "rocketlake" and misnamed.flops_per_cycle == 64
+    assert Target.from_features("rocketlake", AVX512).beyond_l2_bytes_per_cycle == 16
+    assert Target.from_features("graniterapids", amx).beyond_l2_bytes_per_cycle == 8
+
+
 def test_fma_width_sets_the_peak_and_the_vectors_per_broadcast():
     """Zen 4 runs 512-bit FMAs on 256-bit pipes: half the FLOPs a cycle of Intel's AVX-512 cores,
     whose two full-width FMAs a cycle want two vectors per broadcast, as AVX2's broadcasts do."""
