@@ -271,13 +271,15 @@ class Conv2d(Template):
             # 0.81-0.88; on 28x28 and larger 1.0-1.05, where the tiles of the map reuse them)
             cfg = space.from_values(dict(cfg.values, prefetch=1))
         two = dict(cfg.values, tile_oh=2)
-        if vectors > 1 and g.OH % 2 == 0 and tg.broadcasts_by_pixel(2 * best, vectors) \
+        whole = g.OH % 2 == 0 and g.OW % best == 0 and blocks % m == 0
+        if vectors > 1 and whole and tg.broadcasts_by_pixel(2 * best, vectors) \
                 and tg.tile_fits(2 * best, vectors, int(wl.anchor.op == "ScaledConv")) \
                 and space.is_valid(space.from_values(two)):
             # two rows of that tile where their broadcasts load pixel by pixel (so its accumulators do
-            # not spill), each weight vector serving twice the pixels, where the rows pair up (the
-            # shifted last tile of an odd count guards every store of its rows: SqueezeNet's 1x1 convs
-            # on 55x55 to 13x13 ran 1.6-2.3x slower) and the passes above keep whole tiles (7x7):
+            # not spill), each weight vector serving twice the pixels, where the tiles are whole (a
+            # shifted last tile guards its stores, and two rows doubled those loops: SqueezeNet's 1x1
+            # convs on 55x55 to 13x13 ran 1.6-2.3x slower, RegNetY-400MF's 104 -> 208 and 208 -> 440 in
+            # tiles of 4 blocks of 8 1.6-2.4x) and the passes above keep whole tiles (7x7):
             # Xeon (Sapphire Rapids class), ResNet-50's module. A ScaledConv's scale takes a register
             # more (EfficientNet-B0's projections on 14x14 spilled and ran 2.2x slower)
             cfg = space.from_values(two)
