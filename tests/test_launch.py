@@ -74,6 +74,17 @@ def test_compiled_kernels_are_cached_on_disk():
     assert cache.is_compiled(cache.source_path(src))
 
 
+def test_compiled_kernels_are_found_under_the_users_numba_cache_dir(tmp_path, monkeypatch):
+    """With NUMBA_CACHE_DIR set, numba keeps its index there, not beside the kernel's file."""
+    from numba.core import config
+    monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path))
+    src = source(["out0", "in0"], [np.float32] * 2,
+                 [parallel_loop("i", 4), f"    out0[i] = in0[i] + np.float32({tmp_path.stat().st_ino % 997})"])
+    assert not cache.is_compiled(cache.source_path(src))
+    cache.load(src)
+    assert cache.is_compiled(cache.source_path(src)) and any(tmp_path.rglob("*.nbi"))
+
+
 def test_profiled_sequence_stamps_each_kernel_where_it_runs():
     """The stamped sequence computes what the plain one does and charges each kernel its own
     time: a kernel doing ~500x the work of another takes many times its ticks."""

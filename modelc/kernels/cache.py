@@ -91,8 +91,14 @@ def source_path(source: str) -> str:
 
 
 def is_compiled(path: str) -> bool:
+    """Whether numba has cached the kernel file at `path`: its index beside it, or under the user's
+    NUMBA_CACHE_DIR where that is set (where numba's own locator puts it: looking beside the file
+    only, every kernel read as not compiled)."""
+    from numba.core import caching, config
     stem = os.path.splitext(os.path.basename(path))[0]
-    return bool(glob.glob(os.path.join(os.path.dirname(path), "__pycache__", f"{stem}.*.nbi")))
+    where = os.path.join(config.CACHE_DIR, caching.UserProvidedCacheLocator.get_suitable_cache_subpath(path)) \
+        if config.CACHE_DIR else os.path.join(os.path.dirname(path), "__pycache__")
+    return bool(glob.glob(os.path.join(where, f"{stem}.*.nbi")))
 
 
 def write_source(path: str, source: str):
