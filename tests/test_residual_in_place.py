@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import modelc
+from workloads import onnx_model
 
 F = TensorProto.FLOAT
 
@@ -23,10 +24,8 @@ def _w(name, shape, rng):
 
 def _model(nodes, x_shape, outputs, inits):
     vi = helper.make_tensor_value_info
-    g = helper.make_graph(nodes, "g", [vi("x", F, list(x_shape))], [vi(n, F, None) for n in outputs], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-    m.ir_version = 8
-    return m
+    return onnx_model(nodes, [vi("x", F, list(x_shape))], [vi(n, F, None) for n in outputs], inits,
+                      opset=13, ir_version=8)
 
 
 def _conv(x, w, y, pads=0):

@@ -379,7 +379,8 @@ class Conv2d(Template):
                     f"    for q in range({ACC}):",
                     "        acc[q] = np.float32(0.0)"]
 
-        by_pixel = target.current().broadcasts_by_pixel(TOH * OWT, -(-KT // target.current().lanes(4)))
+        tg = target.current()
+        by_pixel = tg.broadcasts_by_pixel(TOH * OWT, -(-KT // tg.lanes(4)))
 
         def inner(ind, kw_expr):
             pre = " " * ind
