@@ -1,6 +1,7 @@
 """Quantized convs read their input as bytes (passes/byte_inputs.py): the kernels that do, exact
 against the reference for every padding in both dot forms; where the pass applies and where not;
-whole quantized models equal to onnxruntime's bytes."""
+whole quantized models equal to onnxruntime's bytes (the exact reference's, where onnxruntime's
+uint8 x int8 products saturate: integer_reference.py)."""
 import copy
 
 import numpy as np
@@ -16,6 +17,7 @@ from modelc.kernels.workload import Workload
 from modelc.passes import optimize
 from modelc.target import Target
 
+from integer_reference import integer_outputs
 from test_expand_depthwise_int8 import _form, _inputs, qed_wl
 from test_kernels_conv2d_int8 import _knob_extremes, _run
 from workloads import conv2d_wl
@@ -162,7 +164,8 @@ def _byte_convs(model, tg):
 @pytest.mark.parametrize("form, pool", [("vnni", False), ("vnni", True), ("int16", False)])
 def test_quantized_models_move_bytes_and_give_onnxruntimes(form, pool):
     """Every conv reads bytes (the model's input too), unless its input is also read by a MaxPool
-    (that would need a kernel of its own to widen them); no kernel only casts; onnxruntime's bytes."""
+    (that would need a kernel of its own to widen them); no kernel only casts; onnxruntime's bytes
+    (where they are exact sums: integer_reference.py)."""
     tg = _form(form)
     model = _qnet(pool=pool)
     convs = _byte_convs(model, tg)
@@ -171,7 +174,7 @@ def test_quantized_models_move_bytes_and_give_onnxruntimes(form, pool):
     assert len(readers) == (2 if pool else 3), convs
     assert set(_byte_convs(model, NO_DOT).values()) == {(None, "float32")}
     x = np.random.default_rng(1).integers(0, 256, (1, 8, 16, 16)).astype(np.uint8)
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = integer_outputs(model, {"x": x})[0]
     with target.use(tg):
         mod = modelc.compile(model)
     casts = [s for s in mod.program["steps"] if s["pattern"].startswith("cast")]

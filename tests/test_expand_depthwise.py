@@ -20,6 +20,11 @@ from modelc.kernels.workload import Workload
 from workloads import onnx_model
 
 TOL = 1e-5
+# CPU descriptions whose tiles a test names on every host: the float32 fused kernel is plain numba source (no
+# ISA intrinsics), which numba compiles for the host, so a kernel generated for either runs on any x86 machine
+ISAS = {"avx2": target.Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads=2),
+        "avx512": target.Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl", threads=2)}
+AVX512 = ISAS["avx512"]
 CLIP = {"p0": {"dtype": "float32", "shape": [], "value": 0.0}, "p1": {"dtype": "float32", "shape": [], "value": 6.0}}
 
 
@@ -94,7 +99,11 @@ def check(wl, extra=()):
     (dict(c=4, k=32, h=10, w=13, k1=3, s1=1, s=2, n=2), [dict(tile_ow=2, tile_dw=2)]),
 ])
 def test_fused_kernel_agrees_with_the_reference(case, extra):
-    check(ed_wl(**case), extra)
+    """The host's default config; and on every host AVX-512's default and the `extra` tiles, which are sized
+    for its 32 registers and blocks of 16 channels (AVX2's 16 registers refuse some of them)."""
+    check(ed_wl(**case))
+    with target.use(AVX512):
+        check(ed_wl(**case), extra)
 
 
 @pytest.mark.parametrize("s,groups,m", [(1, 4, 1), (2, 3, 2)])
@@ -121,7 +130,8 @@ def test_not_taken():
     assert template.select(Workload(stem)).name == "expand_depthwise"
     no_halo = dict(stem, inputs=[dict(stem["inputs"][0], layout=[3, 0])] + stem["inputs"][1:])
     assert template.select(Workload(no_halo)).name != "expand_depthwise"
-    assert template.select(ed_wl(16, 32, 4, w=1100, kh=5)).name != "expand_depthwise"
+    # (5 ring rows of 2504 columns: past MAX_RING_FLOATS in blocks of 4, 8 or 16 channels, on any x86 host)
+    assert template.select(ed_wl(16, 32, 4, w=2500, kh=5)).name != "expand_depthwise"
     assert template.select(ed_wl(16, 32, 8, k1=3)).name != "expand_depthwise"       # conv2d's work
     wl = ed_wl(16, 32, 8)
     j = dict(wl.json)
@@ -247,21 +257,28 @@ def test_blocks_narrower_than_a_vector_fill_one_together():
             check(wl, [dict(tile_oc_blocks=1), dict(tile_oc_blocks=2, tile_dw=4, row_groups=2)])
 
 
-def test_a_shifted_last_tile_stores_every_output():
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_shifted_last_tile_stores_every_output(isa):
     """Where the blocks per tile do not divide the blocks (9 of 8 channels, tiles of 2 and 4), the last
-    tile recomputes blocks its neighbour stored, and every output is stored at least once."""
-    wl = ed_wl(16, 72, 9, s=2, hout=1, res=True)
-    tpl = template.select(wl)
-    sp = tpl.space(wl)
-    out = wl.outputs[0]
-    for m in (2, 4):
-        cfg = sp.from_values({**tpl.default_config(wl, sp).values, "tile_oc_blocks": m, "row_groups": 2})
-        assert sp.is_valid(cfg)
-        got, want, fn, args = testing.run(wl, tpl, cfg)
-        assert testing.max_rel_error(got, want) <= TOL
-        writers = testing.stores_per_output(fn, args).reshape(out.shape[0], -1, out.shape[2] + 2, out.shape[3] + 2,
-                                                              out.layout[0])[:, :, 1:-1, 1:-1]
-        assert writers.min() >= 1 and writers.max() <= 2
+    tile recomputes blocks its neighbour stored, and every output is stored at least once: for AVX-512
+    (a depthwise lane loop spans two blocks) and AVX2 (one block each), whose tiles of 4 blocks take
+    fewer pixels of the first conv (the widest its registers hold)."""
+    with target.use(ISAS[isa]):
+        wl = ed_wl(16, 72, 9, s=2, hout=1, res=True)
+        tpl = template.select(wl)
+        sp = tpl.space(wl)
+        out = wl.outputs[0]
+        for m in (2, 4):
+            values = {**tpl.default_config(wl, sp).values, "tile_oc_blocks": m, "row_groups": 2}
+            owt = max(t for t in sp.knobs[0].values if t <= values["tile_ow"] and
+                      sp.is_valid(sp.from_values({**values, "tile_ow": t})))
+            cfg = sp.from_values({**values, "tile_ow": owt})
+            assert sp.is_valid(cfg)
+            got, want, fn, args = testing.run(wl, tpl, cfg)
+            assert testing.max_rel_error(got, want) <= TOL
+            writers = testing.stores_per_output(fn, args).reshape(out.shape[0], -1, out.shape[2] + 2,
+                                                                  out.shape[3] + 2, out.layout[0])[:, :, 1:-1, 1:-1]
+            assert writers.min() >= 1 and writers.max() <= 2
 
 
 @pytest.mark.parametrize("k,m", [(72, 1), (72, 2), (160, 4)])
@@ -269,27 +286,31 @@ def test_polynomial_epilogues_run_over_whole_rows(k, m):
     """SiLU's epilogues run as loops over a row once its tiles are summed (the first conv's in the
     ring, the depthwise conv's from a row of the item's own, a residual read at each element's own
     block and lane), where a row holds several tiles; a Clip's, or a row of one tile, stay in the
-    tile. Shifted last tiles (9 blocks of 8 in tiles of 2, 10 of 16 in tiles of 4) store every output."""
-    wl = ed_wl(16, k, 20, act1="SiLU", act2="SiLU", res=True, hout=1)
-    tpl = template.select(wl)
-    sp = tpl.space(wl)
-    out = wl.outputs[0]
-    cfg = sp.from_values({**tpl.default_config(wl, sp).values, "tile_oc_blocks": m, "tile_ow": 4, "tile_dw": 4,
-                          "row_groups": 2})
-    b = out.layout[0]
-    # (blocks narrower than the depthwise conv's lane loop keep their tile's stores: `dw_lanes`)
-    assert tpl.row_epilogues(wl, cfg) == (True, dw_lanes(b, m, target.current().lanes(4)) == b)
-    assert ("orow[" in tpl.build(wl, cfg).source) == tpl.row_epilogues(wl, cfg)[1]
-    got, want, fn, args = testing.run(wl, tpl, cfg)
-    assert testing.max_rel_error(got, want) <= TOL
-    writers = testing.stores_per_output(fn, args).reshape(out.shape[0], -1, out.shape[2] + 2, out.shape[3] + 2,
-                                                          out.layout[0])[:, :, 1:-1, 1:-1]
-    assert writers.min() >= 1 and writers.max() <= 2
-    assert tpl.row_epilogues(ed_wl(16, k, 20, res=True, hout=1), cfg) == (False, False)     # Clips
-    small = ed_wl(16, k, 7, act1="SiLU", act2="SiLU")         # rows of 7: one tile each, by default
-    one = tpl.default_config(small, tpl.space(small))
-    assert one["tile_ow"] >= 7 and one["tile_dw"] >= 7 and tpl.row_epilogues(small, one) == (False, False)
-    check(small)
+    tile. Shifted last tiles (9 blocks of 8 in tiles of 2, 10 of 16 in tiles of 4) store every output.
+    The blocks and tiles are AVX-512's (32 registers: its default depthwise tile under SiLU spans a row
+    of 7, where AVX2's takes 4 pixels), on every host."""
+    with target.use(AVX512):
+        wl = ed_wl(16, k, 20, act1="SiLU", act2="SiLU", res=True, hout=1)
+        tpl = template.select(wl)
+        sp = tpl.space(wl)
+        out = wl.outputs[0]
+        cfg = sp.from_values({**tpl.default_config(wl, sp).values, "tile_oc_blocks": m, "tile_ow": 4, "tile_dw": 4,
+                              "row_groups": 2})
+        assert sp.is_valid(cfg)
+        b = out.layout[0]
+        # (blocks narrower than the depthwise conv's lane loop keep their tile's stores: `dw_lanes`)
+        assert tpl.row_epilogues(wl, cfg) == (True, dw_lanes(b, m, target.current().lanes(4)) == b)
+        assert ("orow[" in tpl.build(wl, cfg).source) == tpl.row_epilogues(wl, cfg)[1]
+        got, want, fn, args = testing.run(wl, tpl, cfg)
+        assert testing.max_rel_error(got, want) <= TOL
+        writers = testing.stores_per_output(fn, args).reshape(out.shape[0], -1, out.shape[2] + 2, out.shape[3] + 2,
+                                                              out.layout[0])[:, :, 1:-1, 1:-1]
+        assert writers.min() >= 1 and writers.max() <= 2
+        assert tpl.row_epilogues(ed_wl(16, k, 20, res=True, hout=1), cfg) == (False, False)     # Clips
+        small = ed_wl(16, k, 7, act1="SiLU", act2="SiLU")         # rows of 7: one tile each, by default
+        one = tpl.default_config(small, tpl.space(small))
+        assert one["tile_ow"] >= 7 and one["tile_dw"] >= 7 and tpl.row_epilogues(small, one) == (False, False)
+        check(small)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])

@@ -11,9 +11,13 @@ import random
 import pytest
 
 from modelc.kernels import template, templates, testing  # noqa: F401  (registers the templates)
+from modelc.target import Target
 from workloads import conv_wl, dw_wl
 
 TOL = 1e-5
+# a CPU whose registers hold tiles AVX2's refuse; the float kernels here are plain numba loops, which numba
+# compiles for the host, so a kernel generated for it runs on any x86 machine
+AVX512 = Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl", threads=2)
 
 
 def check(wl, name, extra=(), n_random=0, seed=0):
@@ -41,7 +45,8 @@ def check(wl, name, extra=(), n_random=0, seed=0):
     (dict(c=32, h=13, s=1, hout=1), [dict(tile_oh=2, rows_per_task=4, tile_ow=4)]),   # ReLU6, halo
     (dict(c=48, h=11, w=9, s=2), [dict(unroll_kh=False, tile_ow=3)]),                  # stride 2
     (dict(c=16, h=8, s=1, res=True, clip=False, hout=1), []),                          # residual
-    (dict(c=24, h=9, k=5, p=2, hin=2, s=2), [dict(tile_oh=2, rows_per_task=4, unroll_kh=False)]),
+    # (2 x 4 pixels: within the 8 accumulators AVX2 leaves a tile, as within AVX-512's 16)
+    (dict(c=24, h=9, k=5, p=2, hin=2, s=2), [dict(tile_oh=2, rows_per_task=4, unroll_kh=False, tile_ow=4)]),
     (dict(c=32, h=10, d=2, p=2, hin=2, bias=False, n=2), []),      # dilation 2, batch 2, no bias
 ])
 def test_depthwise(case, extra):
@@ -105,9 +110,10 @@ GENERIC = {
     "wide_3d": (lambda: conv_wl([1, 5, 3, 6, 7], [23, 5, 1, 3, 3], pads=[0, 1, 1, 0, 1, 1], strides=[1, 2, 1],
                                 relu=True, res=True),
                 [dict(tile_ow=2)]),
-    # ... over groups of 24: some tiles within a group, some split at its edge; flattened rows
+    # ... over groups of 24: some tiles within a group, some split at its edge; flattened rows (16 pixels of
+    # 16 channels: a tile AVX-512's registers hold, not AVX2's, so its variation is AVX-512's on every host)
     "pair_1x1": (lambda: conv_wl([1, 48, 5, 5], [48, 24, 1, 1], group=2, relu=True, outputs="all"),
-                 [dict(tile_ow=16)]),
+                 [dict(tile_ow=16)], AVX512),
     # groups of 56 (RegNetY-8GF's): tiles of two or three channel vectors within a group, the last
     # one part zero weights (and a padded bias), blocked in and out, residual add
     "padded_groups": (lambda: conv_wl([1, 112, 6, 9], [112, 56, 3, 3], group=2, pads=[1] * 4, x_layout=[8, 1],
@@ -127,8 +133,16 @@ GENERIC = {
 
 @pytest.mark.parametrize("name", sorted(GENERIC))
 def test_generic(name):
-    make, extra = GENERIC[name]
-    check(make(), "conv_generic", extra)
+    """The host's default config and the case's variations of it; a case whose variations are tiles only a named
+    target's registers hold (AVX-512's) checks them, and that target's default, under its description on every host."""
+    from modelc import target
+    make, extra, *sized_for = GENERIC[name]
+    if not sized_for:
+        check(make(), "conv_generic", extra)
+        return
+    check(make(), "conv_generic")
+    with target.use(sized_for[0]):
+        check(make(), "conv_generic", extra)
 
 
 def test_a_1x1_conv_over_plain_rows_runs_over_the_flattened_image():
@@ -169,11 +183,20 @@ def test_padded_tiles_within_groups_of_8_times_odd_channels():
     from modelc.kernels.conv_generic import PAIR
     for name in ("padded_groups", "padded_groups_s2"):
         wl = GENERIC[name][0]()
-        sp = template.select(wl).space(wl)
+        tpl = template.select(wl)
+        sp = tpl.space(wl)
         padded = [m for m in sp.knobs[1].values if m > PAIR and 56 % m]
         assert padded, sp.knobs[1].values
-        check(wl, "conv_generic", [dict(tile_oc=m, tile_ow=t, vector_axis="oc") for m in padded for t in (2, 4)
-                                   if m * t <= target.current().lanes(4) * target.current().max_tile_vectors])
+        base = tpl.default_config(wl, sp).values
+        extra = []
+        for m in padded:
+            # tiles of 2 and 4 pixels where the registers hold them, else the widest they do (AVX2's 16
+            # registers hold one pixel of 32 channels: four vectors, their weights and a broadcast)
+            tiles = [dict(tile_oc=m, tile_ow=t, vector_axis="oc") for t in sp.knobs[0].values]
+            fits = [e for e in tiles if sp.is_valid(sp.from_values({**base, **e}))]
+            assert fits, (m, sp.knobs[0].values)
+            extra += [e for e in fits if e["tile_ow"] in (2, 4)] or fits[-1:]
+        check(wl, "conv_generic", extra)
     wl = GENERIC["padded_groups"][0]()
     isas = {"avx2": target.Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads=2),
             "avx512": target.Target.from_features("znver4", "+avx,+avx2,+fma,+avx512f,+avx512bw,+avx512vl",

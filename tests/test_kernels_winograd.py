@@ -91,7 +91,9 @@ def test_channels_past_the_stack_are_transformed_in_chunks():
         d = _chunk(g, (cfg["tile_size"] + 2) ** 2, cfg["tile_tiles"], kt)
         assert 1 < d < g.C // g.cb and (g.C // g.cb) % d == 0, (cfg, d)
         got, want, _, _ = testing.run(wl, WINO, cfg)
-        assert testing.max_rel_error(got, want) <= 1e-5, str(cfg)
+        # F(4x4, 3x3) over 1,024 channels rounds more than F(2x2): 1.1-2.2e-5 of the output's scale
+        # over three seeds (the direct sum 2.5e-6), where AVX2's spaces offer chunks of F(4x4) only
+        assert testing.max_rel_error(got, want) <= (5e-5 if cfg["tile_size"] == 4 else 1e-5), str(cfg)
     # the next block's weights asked for ahead, chunk by chunk: a hint, the same bits
     off, on = (space.from_values(dict(cfg.values, tile_oc_blocks=1, prefetch=p)) for p in (0, 1))
     assert space.is_valid(on) and "prefetch(w" in WINO.build(wl, on).source

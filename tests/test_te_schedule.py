@@ -218,21 +218,26 @@ def test_sampled_schedules_match_numpy():
 
 def test_tail_tiles_store_each_output_once():
     """A last row or column tile is shifted back to end at the axis' end and stores only what the
-    tile before did not: one item per output (two would race on it from two threads)."""
+    tile before did not: one item per output (two would race on it from two threads). Kernels for
+    AVX-512 and AVX2 (column tiles of one and two vectors of 16 or 8 lanes), on every host: te's
+    kernels are plain float loops, which numba compiles for the host."""
     from modelc.kernels import cache
     from modelc.kernels.testing import stores_per_output
-    plans, configs = [], []
-    for name, want in (("matmul_add", {"tile_m": 4, "tile_n": 16, "m_group": 1}),     # 13 rows, 70 columns
-                       ("matmul_add", {"tile_m": 6, "tile_n": 32, "m_group": 1, "vectorize": "spatial"}),
-                       ("conv2d", {"row_axis": 2, "tile_m": 4, "row_axis2": -1}),    # 9 rows of 10
-                       ("conv2d", {"row_axis": 1, "tile_m": 2, "row_axis2": 2, "tile_m2": 4}),  # 5 channels x 9 rows
-                       ("softmax", {"vectorize": "reduce"})):
-        p = task_of(name).plans[0]
-        sp = space(p)
-        configs.append(next(sp.get(i).values for i in range(len(sp)) if sp.is_valid(sp.get(i))
-                            and all(sp.get(i).values.get(k) == v for k, v in want.items())))
-        plans.append(p)
-    made = [kernel_source(p, v) for p, v in zip(plans, configs)]
+    made, configs = [], []
+    for tg in (AVX512, AVX2):
+        lanes = tg.lanes(4)
+        with target.use(tg):
+            for name, want in (("matmul_add", {"tile_m": 4, "tile_n": lanes, "m_group": 1}),  # 13 rows, 70 columns
+                               ("matmul_add", {"tile_m": 6, "tile_n": 2 * lanes, "m_group": 1, "vectorize": "spatial"}),
+                               ("conv2d", {"row_axis": 2, "tile_m": 4, "row_axis2": -1}),    # 9 rows of 10
+                               ("conv2d", {"row_axis": 1, "tile_m": 2, "row_axis2": 2, "tile_m2": 4}),  # 5 ch x 9 rows
+                               ("softmax", {"vectorize": "reduce"})):
+                p = task_of(name).plans[0]
+                sp = space(p)
+                v = next(sp.get(i).values for i in range(len(sp)) if sp.is_valid(sp.get(i))
+                         and all(sp.get(i).values.get(k) == w for k, w in want.items()))
+                configs.append((tg.llvm_cpu, name, v))
+                made.append(kernel_source(p, v))
     fns = cache.compile_all([src for src, _ in made])
     for (src, tensors), fn, v in zip(made, fns, configs):
         args = [np.zeros(math.prod(t.shape), np.float32) for t in tensors]
@@ -349,17 +354,22 @@ def test_a_missing_log_is_an_error():
 
 def test_cost_model_features_come_from_the_loop_nest():
     """The te template tells the cost model what the loop nest does: one row of a matmul tile
-    loads a vector of B per multiply-add, eight rows share it; conv's padding is a guard."""
+    loads a vector of B per multiply-add, eight rows share it; conv's padding is a guard. With
+    AVX-512's vectors of 16 lanes and AVX2's of 8 (a tile of one vector of columns on each)."""
     from modelc.te.sketch import loop_features
     from modelc.tune.features import N_FEATURES, config_features
-    task = task_of("matmul_add").tuning_tasks()[0]
-    sp, p = task.space, task.wl.plan
-    one = next(sp.get(i) for i in range(len(sp)) if sp.is_valid(sp.get(i)) and sp.get(i)["tile_m"] == 1
-               and sp.get(i)["tile_n"] == 16 and sp.get(i).values.get("vectorize") == "spatial")
-    eight = sp.from_values(dict(one.values, tile_m=8))
-    assert loop_features(p, one.values)["loads_per_fma"] == 2.0        # A broadcast + B vector per FMA
-    assert loop_features(p, eight.values)["loads_per_fma"] == 9 / 8
-    a, b = (config_features(task.tpl, task.wl, c, task.flops) for c in (one, eight))
-    assert a.shape == (N_FEATURES,) and not np.array_equal(a, b)
-    conv = task_of("conv2d").plans[0]
-    assert loop_features(conv, default_values(conv))["guards"] == 1
+    for tg in (AVX512, AVX2):
+        with target.use(tg):
+            task = task_of("matmul_add").tuning_tasks()[0]
+            sp, p = task.space, task.wl.plan
+            lanes = tg.lanes(4)
+            one = next(sp.get(i) for i in range(len(sp)) if sp.is_valid(sp.get(i)) and sp.get(i)["tile_m"] == 1
+                       and sp.get(i)["tile_n"] == lanes and sp.get(i).values.get("vectorize") == "spatial")
+            eight = sp.from_values(dict(one.values, tile_m=8))
+            assert sp.is_valid(eight)
+            assert loop_features(p, one.values)["loads_per_fma"] == 2.0        # A broadcast + B vector per FMA
+            assert loop_features(p, eight.values)["loads_per_fma"] == 9 / 8
+            a, b = (config_features(task.tpl, task.wl, c, task.flops) for c in (one, eight))
+            assert a.shape == (N_FEATURES,) and not np.array_equal(a, b)
+            conv = task_of("conv2d").plans[0]
+            assert loop_features(conv, default_values(conv))["guards"] == 1
