@@ -218,10 +218,11 @@ class Conv2d(Template):
         # tiles of 2 computed a fourth (1x1 convs 144 -> 24 on 56x56 ran 0.78-0.86 of their time with
         # 3 blocks per tile, AVX2 and AVX-512 alike)
         per_pixel = tg.lanes(4) * tg.vectors_per_broadcast
-        if per_pixel > tg.lanes(4) and g.C * g.KH * g.KW * per_pixel * 4 > tg.l2_bytes:
-            # ... unless a tile's weights then outgrow the L2 and stream from the L3 for every tile:
-            # one vector over more pixels loads them half as often (AVX2, a 3x3 conv 2048 -> 256 on
-            # 28x28, 1.2 MB a tile: 0.55-0.85 of two vectors' time; DeepLabV3's ASPP convs 0.74-0.9)
+        if per_pixel > tg.lanes(4) and g.C * g.KH * g.KW * per_pixel * 4 > tg.l2_bytes // 2:
+            # ... unless a tile's weights then outgrow half the L2 (the next tile's stream in behind
+            # them) and come from the L3 for every tile: one vector over more pixels loads them half
+            # as often (AVX2, a 3x3 2048 -> 256 on 28x28, 1.2 MB a tile: 0.55-0.85 of two vectors' time;
+            # Zen 3's 512 KiB L2, ResNet's 3x3 512 -> 512 on 7x7, 295 KB: 7 x 1 vector 0.88 of 4 x 2)
             per_pixel = tg.lanes(4)
         blocks = g.K // g.KB
         if not (tg.fma_bits >= tg.vector_bits and g.KB < tg.lanes(4)):
@@ -248,8 +249,9 @@ class Conv2d(Template):
         cfg = space.from_values({"tile_ow": best, **rest})
         items = g.N * -(-blocks // m)                   # with passes, one per output-channel tile
         per_block = g.cb * g.KH * g.KW * m * g.KB * 4   # a tile's weights for one input-channel block
-        # a tile's weights outgrow half the L1 on cores whose FMAs outrun the L2's supply of them
-        streams = tg.flops_per_cycle >= PASS_AT_FLOPS and per_block * (g.C // g.cb) > tg.l1d_bytes // 2
+        # a tile's weights outgrow half the L1 on cores whose FMAs outrun the L2's supply of them: two
+        # vector FMAs a cycle, each with a weight vector (Intel's AVX-512 cores, AVX2; not Zen 4)
+        streams = tg.vector_fmas_per_cycle >= 2 and per_block * (g.C // g.cb) > tg.l1d_bytes // 2
         # (not where one pass splits by rows: every thread of a pass kernel reads the whole input once
         # per channel tile; in ResNet-50's module its 1x1 convs 512 -> 128 and 512 -> 256 on 28x28
         # and 256 -> 512 stride 2 on 56x56 ran 0.75-0.93 of their passes' time in one pass by rows)
@@ -259,10 +261,17 @@ class Conv2d(Template):
             # (Sapphire Rapids class) ResNet-18's 3x3 convs on 14x14 and 7x7 ran 0.85-0.95 of one
             # pass's time with passes of 16 channels, ResNet-50's and MobileNetV2's 1x1 convs on 14x14
             # and 7x7 0.81-0.95 with 64-128; 5 tiles on 2 threads ran 1.07 (docs/performance.md)
+            # (passes need whole tiles, a shifted one would add its pass twice: where the row's tile
+            # does not divide it, a whole tile of as many accumulators and vectors, such as 2 x 2
+            # pixels for 4 x 1 on 14x14 - AMD EPYC Zen 3, MobileNetV2's 1x1 576 -> 96 on 14x14 in
+            # passes 0.81 of one pass's time, ResNet-50's 3x3 256 -> 256 stride 2 and its 1x1 convs
+            # 1024 -> 256 on 14x14 0.91-0.92 in its module)
+            whole = self._whole_tile(g, space, cfg, tg)
+            per_block = g.cb * g.KH * g.KW * whole["tile_oc_blocks"] * g.KB * 4
             fits = [c for c in space.values("c_chunk") if c and c * per_block <= tg.l1d_bytes // 2
-                    and space.is_valid(space.from_values(dict(cfg.values, c_chunk=c)))]
+                    and space.is_valid(space.from_values(dict(whole.values, c_chunk=c)))]
             if fits:
-                cfg = space.from_values(dict(cfg.values, c_chunk=max(fits)))
+                cfg = space.from_values(dict(whole.values, c_chunk=max(fits)))
         if streams and (cfg["c_chunk"] or g.OH * g.OW <= PREFETCH_PIXELS):
             # a tile's weights stream from beyond the L1: the loads wait on them unless asked for
             # ahead, the next pass's (Xeon, Sapphire Rapids class: ResNet-50's pass kernels on 7x7
@@ -284,6 +293,20 @@ class Conv2d(Template):
             # more (EfficientNet-B0's projections on 14x14 spilled and ran 2.2x slower)
             cfg = space.from_values(two)
         return cfg
+
+    @staticmethod
+    def _whole_tile(g, space, cfg, tg):
+        """`cfg` if its tile divides the output (rows, columns, channel blocks), else the whole tile of
+        as many weight vectors and one accumulator more or fewer, nearest in blocks, then in rows."""
+        blocks, vecs = g.K // g.KB, lambda m: -(-m * g.KB // tg.lanes(4))            # noqa: E731
+        ow0, m0, oh0 = cfg["tile_ow"], cfg["tile_oc_blocks"], cfg["tile_oh"]
+        cands = [((abs(ow * oh - ow0 * oh0) * vecs(m), abs(m - m0), oh), c)
+                 for ow, m, oh in itertools.product(*(k.values for k in space.knobs[:3]))
+                 if not (g.OW % ow or g.OH % oh or blocks % m) and vecs(m) == vecs(m0)
+                 and abs(ow * oh - ow0 * oh0) * vecs(m) <= 1
+                 and space.is_valid(c := space.from_values(dict(cfg.values, tile_ow=ow, tile_oc_blocks=m, tile_oh=oh)))]
+        whole = not (g.OW % ow0 or g.OH % oh0 or blocks % m0)
+        return cfg if whole or not cands else min(cands, key=lambda c: c[0])[1]
 
     @staticmethod
     def _skipping_default(g, space, m0, tg):

@@ -93,7 +93,7 @@ def model_cost(M: int, K: int, N: int, batch: int, mr: int, nr: int, split: int 
     (8 on AVX-512 machines; times `split` sets) leave the pipes idle; it also issues mr broadcasts
     and v vector loads of B, which stream from L2 at about one vector per cycle (a 1-row tile, as
     in a classifier, is bound by them). A tile whose accumulators, B vectors and broadcasts exceed
-    the vector registers (+2: calibrated with 32) spills. Work items are dealt to the target's
+    the vector registers (`registers_needed`) spills. Work items are dealt to the target's
     threads (a partial last round costs a full one); tiles past M are recomputed (shifted) and
     columns past N are padding. Calibrated on the transformer's shapes on AVX-512 (Zen 5), one
     thread: 4x64, 6x64 and 8x32 tiles ran at 0.9-1.0 of the best (about 2x numpy's sgemm), 2x32 at
@@ -109,11 +109,23 @@ def model_cost(M: int, K: int, N: int, batch: int, mr: int, nr: int, split: int 
     fmas = mr * vec
     stream = vec * L2_LINE_CYCLES if tg.flops_per_cycle >= STREAM_AT_FLOPS and K * nr * 4 > tg.l1d_bytes // 2 else 0.0
     per_k = max(fmas / float(tg.fma_pipes), float(tg.fma_latency) / split, vec * 1.0, stream) + 0.1 * (mr + vec)
-    if fmas + vec + mr > tg.vector_registers + 2:
+    if registers_needed(mr, vec, tg) > tg.vector_registers:
         per_k += 8.0
     item = K * per_k + fmas * (6 + split) + 40  # k loop, then zero + epilogue + store, overhead
     items = batch * -(-M // mr) * -(-N // nr)
     return -(-items // tg.threads) * item
+
+
+def registers_needed(mr: int, vec: int, tg: target.Target) -> int:
+    """Vector registers the k loop of an mr x vec tile keeps. Without the FMA's broadcast operand
+    (AVX2) LLVM hoists a k step's mr broadcasts above its FMAs and streams the B vectors through
+    one register: 3 x 32 (12 accumulators + 3 + 1) compiles without a spill and ran 0.81-0.90 of
+    2 x 32's time on the transformer's four dense shapes (AMD EPYC Zen 3), where 6 x 16 and 4 x 24
+    (+ 6 and + 4 broadcasts) spilled and ran 1.9-2.0x. With AVX-512, calibrated with 32 registers:
+    accumulators + B vectors + rows, less 2."""
+    if not tg.broadcast_in_fma:
+        return mr * vec + mr + 1
+    return mr * vec + vec + mr - 2
 
 
 HEAVY_EPILOGUE = {"Gelu", "Erf", "Tanh", "Exp", "Log", "Sigmoid", "Softplus", "Mish", "Elu", "Selu",
