@@ -34,7 +34,7 @@ from .workload import Workload
 OWT_CANDIDATES = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 28]
 BOUNDED_TAPS = 0.25       # a share of (output pixel, tap) reads in the padding from which tiles skip them
 PASS_FLOATS = 32 << 10    # the sums an output-channel tile keeps on the stack between passes (128 KiB)
-PASS_AT_FLOPS = 64        # untuned kernels pass over the input channels on cores of this many FLOPs a cycle
+PASS_AT_FLOPS = 64        # one-pass kernels split by rows on cores of this many FLOPs a cycle
 PREFETCH_PIXELS = 14 * 14  # ... and prefetch weights in one pass where one serves at most this many pixels
 LINE_FLOATS = 16          # float32 in a 64-byte cache line
 
@@ -53,6 +53,11 @@ def splits_by_rows(g, tg, blocks_per_tile: int) -> bool:
     slower there."""
     weights = g.K * g.C * g.KH * g.KW * 4
     return g.K // g.KB > blocks_per_tile and tg.flops_per_cycle >= PASS_AT_FLOPS and weights <= tg.l2_bytes // 4
+
+
+def whole(g, ow: int, oh: int, m: int) -> bool:
+    """Whether tiles of ow columns x oh rows x m channel blocks divide the output (none is shifted)."""
+    return not (g.OW % ow or g.OH % oh or (g.K // g.KB) % m)
 
 
 def _axes(g):
@@ -194,7 +199,7 @@ class Conv2d(Template):
         def valid(cfg):
             if order_moot and cfg["reduction_order"][0] != "c" or unroll_moot and cfg["unroll_kw"]:
                 return False
-            if cfg["c_chunk"] and (g.OW % cfg["tile_ow"] or g.OH % cfg["tile_oh"] or blocks % cfg["tile_oc_blocks"]
+            if cfg["c_chunk"] and (not whole(g, *(cfg[k] for k in ("tile_ow", "tile_oh", "tile_oc_blocks")))
                                    or g.OH * g.OW * cfg["tile_oc_blocks"] * kb > PASS_FLOATS):
                 return False
             # (tile_fits: registers for the tile's accumulators, weight vectors and broadcast)
@@ -261,17 +266,14 @@ class Conv2d(Template):
             # (Sapphire Rapids class) ResNet-18's 3x3 convs on 14x14 and 7x7 ran 0.85-0.95 of one
             # pass's time with passes of 16 channels, ResNet-50's and MobileNetV2's 1x1 convs on 14x14
             # and 7x7 0.81-0.95 with 64-128; 5 tiles on 2 threads ran 1.07 (docs/performance.md)
-            # (passes need whole tiles, a shifted one would add its pass twice: where the row's tile
-            # does not divide it, a whole tile of as many accumulators and vectors, such as 2 x 2
-            # pixels for 4 x 1 on 14x14 - AMD EPYC Zen 3, MobileNetV2's 1x1 576 -> 96 on 14x14 in
-            # passes 0.81 of one pass's time, ResNet-50's 3x3 256 -> 256 stride 2 and its 1x1 convs
-            # 1024 -> 256 on 14x14 0.91-0.92 in its module)
-            whole = self._whole_tile(g, space, cfg, tg)
-            per_block = g.cb * g.KH * g.KW * whole["tile_oc_blocks"] * g.KB * 4
+            # (in whole tiles: 2 x 2 pixels for 4 x 1 on 14x14 - Zen 3, MobileNetV2's 1x1 576 -> 96 0.81 of
+            # one pass's time, ResNet-50's 3x3 256 -> 256 s2 and 1x1s 1024 -> 256 0.91-0.92 in its module)
+            tile = self._whole_tile(g, space, cfg, tg)
+            per_block = g.cb * g.KH * g.KW * tile["tile_oc_blocks"] * g.KB * 4
             fits = [c for c in space.values("c_chunk") if c and c * per_block <= tg.l1d_bytes // 2
-                    and space.is_valid(space.from_values(dict(whole.values, c_chunk=c)))]
+                    and space.is_valid(space.from_values(dict(tile.values, c_chunk=c)))]
             if fits:
-                cfg = space.from_values(dict(whole.values, c_chunk=max(fits)))
+                cfg = space.from_values(dict(tile.values, c_chunk=max(fits)))
         if streams and (cfg["c_chunk"] or g.OH * g.OW <= PREFETCH_PIXELS):
             # a tile's weights stream from beyond the L1: the loads wait on them unless asked for
             # ahead, the next pass's (Xeon, Sapphire Rapids class: ResNet-50's pass kernels on 7x7
@@ -280,8 +282,7 @@ class Conv2d(Template):
             # 0.81-0.88; on 28x28 and larger 1.0-1.05, where the tiles of the map reuse them)
             cfg = space.from_values(dict(cfg.values, prefetch=1))
         two = dict(cfg.values, tile_oh=2)
-        whole = g.OH % 2 == 0 and g.OW % best == 0 and blocks % m == 0
-        if vectors > 1 and whole and tg.broadcasts_by_pixel(2 * best, vectors) \
+        if vectors > 1 and whole(g, best, 2, m) and tg.broadcasts_by_pixel(2 * best, vectors) \
                 and tg.tile_fits(2 * best, vectors, int(wl.anchor.op == "ScaledConv")) \
                 and space.is_valid(space.from_values(two)):
             # two rows of that tile where their broadcasts load pixel by pixel (so its accumulators do
@@ -296,17 +297,16 @@ class Conv2d(Template):
 
     @staticmethod
     def _whole_tile(g, space, cfg, tg):
-        """`cfg` if its tile divides the output (rows, columns, channel blocks), else the whole tile of
-        as many weight vectors and one accumulator more or fewer, nearest in blocks, then in rows."""
-        blocks, vecs = g.K // g.KB, lambda m: -(-m * g.KB // tg.lanes(4))            # noqa: E731
+        """`cfg` if its tile is whole, else the whole tile of its vectors, +-1 accumulator, nearest in blocks, rows."""
         ow0, m0, oh0 = cfg["tile_ow"], cfg["tile_oc_blocks"], cfg["tile_oh"]
+        if whole(g, ow0, oh0, m0):
+            return cfg
+        vecs = lambda m: -(-m * g.KB // tg.lanes(4))            # noqa: E731
         cands = [((abs(ow * oh - ow0 * oh0) * vecs(m), abs(m - m0), oh), c)
                  for ow, m, oh in itertools.product(*(k.values for k in space.knobs[:3]))
-                 if not (g.OW % ow or g.OH % oh or blocks % m) and vecs(m) == vecs(m0)
-                 and abs(ow * oh - ow0 * oh0) * vecs(m) <= 1
+                 if whole(g, ow, oh, m) and vecs(m) == vecs(m0) and abs(ow * oh - ow0 * oh0) * vecs(m) <= 1
                  and space.is_valid(c := space.from_values(dict(cfg.values, tile_ow=ow, tile_oc_blocks=m, tile_oh=oh)))]
-        whole = not (g.OW % ow0 or g.OH % oh0 or blocks % m0)
-        return cfg if whole or not cands else min(cands, key=lambda c: c[0])[1]
+        return min(cands, key=lambda c: c[0])[1] if cands else cfg
 
     @staticmethod
     def _skipping_default(g, space, m0, tg):
