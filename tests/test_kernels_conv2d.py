@@ -114,12 +114,13 @@ def test_epilogue_of_the_register_tile_is_vectorised():
     wl = conv2d_wl(C=16, H=8, W=15, K=32, k=1, s=1, p=0, hin=0, hout=1, act="Clip")
     tpl = template.select(wl)
     space = tpl.space(wl)
-    # whole tiles (every pixel's store in one lane loop) and tiles shifted back over the row's end
-    # (15 % 4: a guarded loop per pixel)
-    for owt in (5, 4):
-        cfg = space.from_values(dict(tpl.default_config(wl, space).values, tile_ow=owt))
+    # whole tiles (every pixel's store in one lane loop), tiles shifted back over the row's end
+    # (15 % 4: a guarded loop per pixel), and the map as one row (each pixel found in its row)
+    for owt, flat in ((5, False), (4, False), (4, True)):
+        cfg = space.from_values(dict(tpl.default_config(wl, space).values, tile_ow=owt, flat=flat, tile_oh=1))
+        assert space.is_valid(cfg)
         kernel = tpl.build(wl, cfg)
-        assert (" if ow0 + " in kernel.source) == (owt == 4)
+        assert (" if ow0 + " in kernel.source) == (owt == 4 and not flat)
         # a source of its own, so numba compiles it here and keeps the assembly
         fn = cache.load(kernel.source + f"# {uuid.uuid4().hex}\n")
         asm = fn.cfunc._library.get_asm_str()
@@ -165,6 +166,30 @@ def test_every_output_is_stored_by_exactly_one_item():
     assert writers.min() == 1 and writers.max() == 1, np.bincount(writers)
 
 
+@pytest.mark.parametrize("H,tile,chunk", [(9, 5, 0), (6, 4, 1)])
+def test_a_pointwise_map_as_one_row_matches_and_stores_each_output_once(H, tile, chunk):
+    """A 1x1 conv's map as one row (`flat`): tiles of 5 pixels run on across the ends of 9-pixel rows
+    (the last shifted back), tiles of 4 over 6 x 6 pixels are whole and take passes over the input
+    channels; with a residual add and an output halo, each output pixel is found in its row again:
+    stored by exactly one item, the halo by none. Convs that read an input halo or are not 1x1 keep
+    their rows, and a tile that divides the row is not offered twice."""
+    wl = conv2d_wl(C=32, H=H, W=H, K=32, k=1, s=1, p=0, hin=0, hout=1, residual=True)
+    tpl = template.select(wl)
+    space = tpl.space(wl)
+    cfg = space.from_values(dict(tpl.default_config(wl, space).values, tile_ow=tile, tile_oh=1, tile_oc_blocks=2,
+                                 flat=True, c_chunk=chunk))
+    assert space.is_valid(cfg)
+    assert not space.is_valid(space.from_values(dict(cfg.values, tile_ow=3, c_chunk=0)))     # 3 divides the row
+    got, want, fn, args = testing.run(wl, tpl, cfg)
+    assert testing.max_rel_error(got, want) <= 1e-5
+    kb = choose_block(32)
+    writers = testing.stores_per_output(fn, args).reshape(1, 32 // kb, H + 2, H + 2, kb)
+    assert (writers[:, :, 1:-1, 1:-1] == 1).all() and writers.sum() == 32 * H * H, np.bincount(writers.ravel())
+    for other in (dict(k=1, p=0, hin=1), dict(k=3, p=1, hin=1)):
+        wl2 = conv2d_wl(C=32, H=H, W=H, K=32, s=1, hout=1, **other)
+        assert tpl.space(wl2).values("flat") == [False]
+
+
 @pytest.mark.parametrize("act,reassoc", [("Relu", False), ("Clip", False), ("Swish", True)])
 def test_direct_conv_sums_in_order_unless_a_polynomial_needs_reassociation(act, reassoc):
     """Allowed to reassociate, LLVM vectorised a tile's loop over input channels (horizontal sums)
@@ -190,7 +215,8 @@ def test_tiles_skip_the_taps_that_read_padding(case):
     """Where most products would read the zero halo (a dilated conv on a small map), each tile runs
     only the taps that reach the input for some of its pixels; every config agrees with the
     reference, and on the 14x14 map the default's tile computes fewer products than a row's."""
-    from modelc.kernels.conv2d import BOUNDED_TAPS, computed_taps, padding_share
+    from modelc.kernels.conv2d import BOUNDED_TAPS
+    from modelc.kernels.conv_geometry import computed_taps, padding_share
     from modelc.kernels.conv_geometry import conv_geometry
     wl = conv2d_wl(**case)
     g = conv_geometry(wl)

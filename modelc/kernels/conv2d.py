@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import target
 from .codegen import ParallelItem, packed_kernel, row_waste, shifted_start
-from .conv_geometry import conv_geometry, tap_range
+from .conv_geometry import computed_taps, conv_geometry, flattened, padding_share
 from .expr import SUPPORTED
 from .intrinsics import calls_polynomial
 from .layout import offset
@@ -60,39 +60,11 @@ def whole(g, ow: int, oh: int, m: int) -> bool:
     return not (g.OW % ow or g.OH % oh or (g.K // g.KB) % m)
 
 
-def _axes(g):
-    return ((g.H, g.OH, g.KH, g.strides[0], g.dilations[0], g.pads[0]),
-            (g.W, g.OW, g.KW, g.strides[1], g.dilations[1], g.pads[1]))
-
-
-def _live(size, k, s, d, p, first, last) -> int:
-    """How many filter taps of one axis read the input for some output in [first, last]."""
-    lo, hi = tap_range(size, k, s, d, p, first, last)
-    return max(hi - lo, 0)
-
-
-def padding_share(g) -> float:
-    """The share of (output pixel, filter tap) products that read the zero halo: a dilated conv
-    on a small map (DeepLabV3's ASPP, taps 12 apart on 14x14: 83%) multiplies mostly zeros."""
-    live = 1.0
-    for size, out, k, s, d, p in _axes(g):
-        live *= sum(_live(size, k, s, d, p, o, o) for o in range(out)) / (out * k)
-    return 1.0 - live
-
-
-def computed_taps(g, tile_oh: int, tile_ow: int) -> int:
-    """(output pixel, tap) products that tiles skipping dead taps compute (shifted last tiles)."""
-    work = 1
-    for (size, out, k, s, d, p), t in zip(_axes(g), (tile_oh, tile_ow)):
-        starts = [min(i * t, out - t) for i in range(-(-out // t))]
-        work *= sum(t * _live(size, k, s, d, p, a, a + t - 1) for a in starts)
-    return work
-
-
-def tile_stores(wl: Workload, g, TOH: int, OWT: int, m: int, value, ind: str) -> list:
+def tile_stores(wl: Workload, g, TOH: int, OWT: int, m: int, value, ind: str, row: int = 0) -> list:
     """The epilogue and store of a register tile of TOH x OWT pixels (from oh0, ow0) by m output
     blocks (from block ko0), for the item (rt, t, ko) of tiles shifted back at the ends: `value(rr,
     r, blk, cblk)` is the sum at a pixel and block (lane `jj`) before the epilogue; lines at `ind`.
+    `row`: `g` is a `flattened` map of rows this long, and column ow0 + r is that pixel of the map.
 
     A shifted tile stores only what the tile before it did not: two items writing one output raced,
     and as LLVM may round the same sum differently in two places of the unrolled tile (fast-math
@@ -100,17 +72,19 @@ def tile_stores(wl: Workload, g, TOH: int, OWT: int, m: int, value, ind: str) ->
     bit (MobileNetV2's 1x1 conv 144 -> 24, blocks of 8 in tiles of 2). The pixels every item owns
     share one loop over a block's lanes (a loop each compiled 1.2-1.6x slower to the same speed); a
     guarded pixel keeps a loop of its own (under their guards in one shared loop, a 5-pixel x 4-block
-    tile ran 2x slower)."""
+    tile ran 2x slower). A flattened map's pixel, found in its row first, has a loop of its own too:
+    stores from bases LLVM cannot tell apart kept the shared loop's lanes scalar."""
     out, KB, KBLK = wl.outputs[0], g.KB, g.K // g.KB
-    mine, guarded = [], []
+    mine, guarded, flat = [], [], []
     for rr in range(TOH):
         for r in range(OWT):
+            own = []
             for blk in range(m):
                 owner = ([f"oh0 + {rr} >= rt * {TOH}"] if g.OH % TOH else []) + \
                     ([f"ow0 + {r} >= t * {OWT}"] if g.OW % OWT else []) + \
                     ([f"ko0 + {blk} >= ko * {m}"] if KBLK % m else [])
                 cblk = f"ko0 + {blk}" if blk else "ko0"
-                idx = ["n", (cblk, "jj", KB), f"oh0 + {rr}", f"ow0 + {r}"]
+                idx = ["n", (cblk, "jj", KB), *([f"fr{r}", f"fc{r}"] if row else [f"oh0 + {rr}", f"ow0 + {r}"])]
                 lines, final = epilogue(wl, wl.epilogue, value(rr, r, blk, cblk), idx, out.shape, out.dtype,
                                         f"v{wl.anchor.index}", var=f"e{rr}_{r}_", unsigned=True)
                 lines.append(f"out0[np.uintp({offset(out.shape, out.layout, idx)})] = {final}")
@@ -118,8 +92,13 @@ def tile_stores(wl: Workload, g, TOH: int, OWT: int, m: int, value, ind: str) ->
                     guarded += [f"{ind}if {' and '.join(owner)}:", f"{ind}    for jj in range({KB}):"]
                     guarded += [f"{ind}        {ln}" for ln in lines]
                 else:
-                    mine += [f"{ind}    {ln}" for ln in lines]
-    return ([f"{ind}for jj in range({KB}):"] + mine if mine else []) + guarded
+                    own += [f"{ind}    {ln}" for ln in lines]
+            if row:
+                flat += [f"{ind}fr{r} = (ow0 + {r}) // {row}", f"{ind}fc{r} = ow0 + {r} - fr{r} * {row}"]
+                flat += ([f"{ind}for jj in range({KB}):"] + own if own else []) + guarded
+                guarded = []
+            mine += own
+    return flat if row else ([f"{ind}for jj in range({KB}):"] + mine if mine else []) + guarded
 
 
 def _scale_ok(wl: Workload) -> bool:
@@ -167,7 +146,8 @@ class Conv2d(Template):
         tg = target.current()
         lanes = tg.lanes(4)
         sp = ConfigSpace()
-        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= g.OW] or [g.OW])
+        flat = flattened(g)
+        sp.define_knob("tile_ow", [t for t in OWT_CANDIDATES if t <= (flat or g).OW] or [g.OW])
         # m output blocks per tile (up to 4 vectors); when m does not divide the blocks the last
         # tile is shifted back to end at the last block (as columns are), so narrow blocks
         # (K = 1000, 116, 40 give blocks of 8, 4, 8) still fill a vector
@@ -188,6 +168,9 @@ class Conv2d(Template):
                        else [0], absent=0)
         # prefetch the weights the tile reads next (the next pass's, or a filter row ahead)
         sp.define_knob("prefetch", [0, 1], absent=0)
+        # a pointwise conv's map as one row (`flattened`): tiles that do not divide a row run on
+        # into the next instead of shifting back over pixels computed already
+        sp.define_knob("flat", [False, True] if flat else [False], absent=False)
         kb = g.KB
         # a knob that changes nothing for this workload keeps only its first value: over a 1x1
         # filter both reduction orders and both unroll_kw are one kernel, and half of MobileNetV2's
@@ -199,7 +182,11 @@ class Conv2d(Template):
         def valid(cfg):
             if order_moot and cfg["reduction_order"][0] != "c" or unroll_moot and cfg["unroll_kw"]:
                 return False
-            if cfg["c_chunk"] and (not whole(g, *(cfg[k] for k in ("tile_ow", "tile_oh", "tile_oc_blocks")))
+            gg = flat if cfg["flat"] else g
+            # (as one row, a tile that divides the row runs the tiles its rows do: the same kernel)
+            if cfg["tile_ow"] > gg.OW or cfg["tile_oh"] > gg.OH or cfg["flat"] and g.OW % cfg["tile_ow"] == 0:
+                return False
+            if cfg["c_chunk"] and (not whole(gg, *(cfg[k] for k in ("tile_ow", "tile_oh", "tile_oc_blocks")))
                                    or g.OH * g.OW * cfg["tile_oc_blocks"] * kb > PASS_FLOATS):
                 return False
             # (tile_fits: registers for the tile's accumulators, weight vectors and broadcast)
@@ -251,6 +238,17 @@ class Conv2d(Template):
                 and space.is_valid(space.from_values({"tile_ow": t, **rest}))] or space.knobs[0].values[:1]
         waste = row_waste(g.OW)
         best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
+        if g.OW % best and flattened(g):
+            # where that tile does not divide the row (AVX2's 4 x 2 on 7x7 and 14x14), a pointwise conv's
+            # map as one row, in the widest tile the registers hold where each broadcast takes one (AVX2:
+            # 5 pixels x 2 vectors, 10 accumulators, ran 0.83-0.92 of 4 x 2 shifted on MobileNetV2's 1x1s
+            # on 7x7 and 14x14; 4 x 2 as one row 0.89-0.95; Zen 3), else of the wanted width
+            g, rest = flattened(g), dict(rest, flat=True)
+            fits = [t for t in space.knobs[0].values if space.is_valid(space.from_values({"tile_ow": t, **rest}))]
+            wide = [t for t in fits if tg.hoisted_tile_fits(t, vectors, int(wl.anchor.op == "ScaledConv"))]
+            want = max(wide) if wide and not tg.broadcast_in_fma else want
+            waste = row_waste(g.OW)
+            best = min(fits, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
         cfg = space.from_values({"tile_ow": best, **rest})
         items = g.N * -(-blocks // m)                   # with passes, one per output-channel tile
         per_block = g.cb * g.KH * g.KW * m * g.KB * 4   # a tile's weights for one input-channel block
@@ -335,6 +333,8 @@ class Conv2d(Template):
 
     def build(self, wl: Workload, cfg) -> Kernel:
         g = conv_geometry(wl)
+        rows_of = g.OW if cfg["flat"] else 0        # (stores find a flattened map's pixels in its rows)
+        g = flattened(g) if rows_of else g
         conv = wl.anchor
         OWT, m, TOH = cfg["tile_ow"], cfg["tile_oc_blocks"], cfg["tile_oh"]
         KB, cb = g.KB, g.cb
@@ -479,10 +479,10 @@ class Conv2d(Template):
             tile += [f"    if ch < {CBLK // CC - 1}:", f"        for j in range({KT}):"]
             tile += [f"            part[np.uintp(((oh0 + {rr}) * {OW} + ow0 + {r}) * {KT} + j)] = "
                      f"acc[{(rr * OWT + r) * KT} + j]" for rr in range(TOH) for r in range(OWT)]
-            tile += ["    else:"] + tile_stores(wl, g, TOH, OWT, m, value, "        ")
+            tile += ["    else:"] + tile_stores(wl, g, TOH, OWT, m, value, "        ", rows_of)
             body += ["   " + ln for ln in tile]
         else:
-            body += tile + tile_stores(wl, g, TOH, OWT, m, value, "    ")
+            body += tile + tile_stores(wl, g, TOH, OWT, m, value, "    ", rows_of)
 
         def pack_weights(w):                                            # [K, C, KH, KW]
             first = [min(t * m, KBLK - m) * KB for t in range(KO)]      # each tile's first channel

@@ -53,8 +53,8 @@ import numpy as np
 
 from .. import target
 from .codegen import ParallelItem, packed_kernel, row_waste, shifted_start
-from .conv2d import BOUNDED_TAPS, LINE_FLOATS, padding_share
-from .conv_geometry import conv_geometry
+from .conv2d import BOUNDED_TAPS, LINE_FLOATS
+from .conv_geometry import conv_geometry, padding_share
 from .layout import offset
 from .space import ConfigSpace
 from .template import Kernel, Template, epilogue, get, register
