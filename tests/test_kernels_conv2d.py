@@ -216,8 +216,7 @@ def test_tiles_skip_the_taps_that_read_padding(case):
     only the taps that reach the input for some of its pixels; every config agrees with the
     reference, and on the 14x14 map the default's tile computes fewer products than a row's."""
     from modelc.kernels.conv2d import BOUNDED_TAPS
-    from modelc.kernels.conv_geometry import computed_taps, padding_share
-    from modelc.kernels.conv_geometry import conv_geometry
+    from modelc.kernels.conv_geometry import computed_taps, conv_geometry, padding_share
     wl = conv2d_wl(**case)
     g = conv_geometry(wl)
     assert padding_share(g) > BOUNDED_TAPS

@@ -162,8 +162,9 @@ ZEN3 = Target.from_features("znver3", "+avx,+avx2,+fma,+sse4.1,+sse4.2", threads
 def test_avx2_passes_run_whole_tiles_of_as_many_accumulators():
     """Passes need whole tiles: where the row's tile does not divide it, a whole tile of the same
     weight vectors and about as many accumulators takes the passes (Zen 3: 2 x 2 pixels x 2 vectors
-    for 4 x 1 on 14x14; MobileNetV2's 576 -> 96 ran 0.81 of one pass's time), and where there is
-    none (7x7: 7 pixels x 2 vectors spill) the tile keeps one pass; a tile that divides stays."""
+    for 4 x 1 on 14x14; MobileNetV2's 1x1 576 -> 96 ran 0.81 of one pass's time, before pointwise
+    maps ran as one row), and where there is none (7x7: 7 pixels x 2 vectors spill) the tile keeps one
+    pass; a tile that divides stays."""
     def tile(tg, *shape, s=1):
         with target.use(tg):
             _, cfg = default(conv(*shape, s=s, p=shape[3] // 2), "conv2d", tg)
@@ -179,7 +180,7 @@ def test_pointwise_maps_run_as_one_row_where_the_rows_tile_does_not_divide_them(
     """A pointwise conv's map is one row of contiguous pixels (`flat`): where AVX2's 4 x 2-vector tile
     does not divide a row (7x7, 14x14, SqueezeNet's 13x13), the map runs as one row in the widest
     tile the 16 registers hold with its broadcasts, 5 x 2 (MobileNetV2's 1x1 convs there 0.83-0.92 of
-    4 x 2's time, SqueezeNet 1.1's module 0.83; Zen 3). Where 4 divides the row (28x28) or the conv
+    4 x 2's time, SqueezeNet 1.1's module 0.80-0.83; Zen 3). Where 4 divides the row (28x28) or the conv
     is not pointwise the rows stay, and on AVX-512 (tiles of 7 and 14) 7x7 and 14x14 keep theirs."""
     def flat(tg, C, H, K, k=1):
         with target.use(tg):

@@ -291,8 +291,7 @@ def test_dilated_convs_run_winograd_untuned_unless_most_products_read_padding():
     (grids of 3 and 2 rows, half the direct conv's products in the padding, which it skips) Winograd
     stays an algorithm for tuning to try, not the default (it ran 2.1x the direct conv's time)."""
     from modelc.kernels.conv2d import BOUNDED_TAPS
-    from modelc.kernels.conv_geometry import padding_share
-    from modelc.kernels.conv_geometry import conv_geometry
+    from modelc.kernels.conv_geometry import conv_geometry, padding_share
     two = conv2d_wl(C=16, H=28, W=28, K=16, k=3, s=1, p=2, hin=2, hout=0, dil=2)
     twelve = conv2d_wl(C=16, H=28, W=28, K=16, k=3, s=1, p=12, hin=12, hout=0, dil=12)
     assert WINO.matches(two) and WINO.preferred(two)
