@@ -127,12 +127,13 @@ class Target:
         return acc <= self.max_tile_vectors and \
             acc + 2 * vectors + operands + (0 if self.broadcast_in_fma else 1) <= self.vector_registers
 
-    def hoisted_tile_fits(self, pixels: int, vectors: int, operands: int = 0) -> bool:
-        """Whether a tile whose broadcast inputs are all hoisted above its FMAs, the weight vectors
-        streaming through one register, fits the registers: accumulators + a register a pixel + one
-        + `operands` (AVX2: 5 pixels x 2 vectors and 3 x 4 compiled without a spill, 6 x 2 and 4 x 3
-        spilled; a ScaledConv's scale and scaled weights one more: its 5 x 2 ran 1.4x slower)."""
-        return pixels * vectors + pixels + 1 + operands <= self.vector_registers
+    @staticmethod
+    def hoisted_registers(rows: int, vectors: int) -> int:
+        """Vector registers a tile keeps where LLVM hoists each of its rows' (pixels') broadcast inputs
+        above the FMAs and streams the weight (B) vectors through one register: accumulators + a
+        register a row + one (AVX2, from the assembly: conv2d's 5 pixels x 2 vectors and 3 x 4, the
+        GEMM's 3 x 32, compile without a spill; 6 x 2, 4 x 3, 6 x 16 and 4 x 24 spilled)."""
+        return rows * vectors + rows + 1
 
     @property
     def broadcast_in_fma(self) -> bool:

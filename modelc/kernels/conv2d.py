@@ -94,10 +94,11 @@ def tile_stores(wl: Workload, g, TOH: int, OWT: int, m: int, value, ind: str, ro
                 else:
                     own += [f"{ind}    {ln}" for ln in lines]
             if row:
-                flat += [f"{ind}fr{r} = (ow0 + {r}) // {row}", f"{ind}fc{r} = ow0 + {r} - fr{r} * {row}"]
-                flat += ([f"{ind}for jj in range({KB}):"] + own if own else []) + guarded
+                flat += [f"{ind}fr{r} = (ow0 + {r}) // {row}", f"{ind}fc{r} = ow0 + {r} - fr{r} * {row}",
+                         *([f"{ind}for jj in range({KB}):"] + own if own else []), *guarded]
                 guarded = []
-            mine += own
+            else:
+                mine += own
     return flat if row else ([f"{ind}for jj in range({KB}):"] + mine if mine else []) + guarded
 
 
@@ -168,8 +169,7 @@ class Conv2d(Template):
                        else [0], absent=0)
         # prefetch the weights the tile reads next (the next pass's, or a filter row ahead)
         sp.define_knob("prefetch", [0, 1], absent=0)
-        # a pointwise conv's map as one row (`flattened`): tiles that do not divide a row run on
-        # into the next instead of shifting back over pixels computed already
+        # a pointwise conv's map as one row (`flattened`): tiles run on across the rows' ends
         sp.define_knob("flat", [False, True] if flat else [False], absent=False)
         kb = g.KB
         # a knob that changes nothing for this workload keeps only its first value: over a 1x1
@@ -238,14 +238,14 @@ class Conv2d(Template):
                 and space.is_valid(space.from_values({"tile_ow": t, **rest}))] or space.knobs[0].values[:1]
         waste = row_waste(g.OW)
         best = min(owts, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))
-        if g.OW % best and flattened(g):
-            # where that tile does not divide the row (AVX2's 4 x 2 on 7x7 and 14x14), a pointwise conv's
-            # map as one row, in the widest tile the registers hold where each broadcast takes one (AVX2:
-            # 5 pixels x 2 vectors, 10 accumulators, ran 0.83-0.92 of 4 x 2 shifted on MobileNetV2's 1x1s
-            # on 7x7 and 14x14; 4 x 2 as one row 0.89-0.95; Zen 3), else of the wanted width
-            g, rest = flattened(g), dict(rest, flat=True)
+        if g.OW % best and (flat := flattened(g)):
+            # where that tile does not divide the row (AVX2's 4 x 2 on 7x7, 14x14), a pointwise map as one row, in
+            # the widest tile the registers hold where each broadcast takes one (AVX2: 5 x 2 ran 0.83-0.92 of 4 x 2
+            # shifted on MobileNetV2's 1x1s on 7x7 and 14x14, 4 x 2 as one row 0.89-0.95; Zen 3), else as wanted
+            g, rest = flat, dict(rest, flat=True)
             fits = [t for t in space.knobs[0].values if space.is_valid(space.from_values({"tile_ow": t, **rest}))]
-            wide = [t for t in fits if tg.hoisted_tile_fits(t, vectors, int(wl.anchor.op == "ScaledConv"))]
+            scale = int(wl.anchor.op == "ScaledConv")    # (a register more: its 5 x 2 spilled, 1.4x slower)
+            wide = [t for t in fits if tg.hoisted_registers(t, vectors) + scale <= tg.vector_registers]
             want = max(wide) if wide and not tg.broadcast_in_fma else want
             waste = row_waste(g.OW)
             best = min(fits, key=lambda t: (waste(t) > 0.15, abs(t - want), -t))

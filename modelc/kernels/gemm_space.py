@@ -124,7 +124,7 @@ def registers_needed(mr: int, vec: int, tg: target.Target) -> int:
     (+ 6 and + 4 broadcasts) spilled and ran 1.9-2.0x. With AVX-512, calibrated with 32 registers:
     accumulators + B vectors + rows, less 2."""
     if not tg.broadcast_in_fma:
-        return mr * vec + mr + 1
+        return tg.hoisted_registers(mr, vec)
     return mr * vec + vec + mr - 2
 
 
