@@ -19,6 +19,7 @@ import statistics
 import tempfile
 
 NCHWC = "_nchwc"        # onnxruntime's x86 name for a node it moved to the blocked layout
+ROUNDS = 5              # alternating rounds of modelc's and the peers' profiled runs
 
 
 def group_names(graph, fused) -> list[set]:
@@ -51,61 +52,81 @@ def _strip(name: str) -> str:
     return name[: -len(NCHWC)] if name.endswith(NCHWC) else name
 
 
-def onnxruntime_nodes(path: str, feeds: dict, threads: int, runs: int = 20) -> list[dict]:
-    """The nodes of onnxruntime's optimised graph with their median kernel time (ms) over `runs`."""
-    import onnx
-    import onnxruntime as ort
+class OnnxruntimeNodes:
+    """onnxruntime's session with its profiler on: `run` adds runs (between modelc's, so both are timed
+    at the same moments of a shared machine), `nodes` reads them: the nodes of its optimised graph
+    with their median kernel time (ms)."""
 
-    from .peers import onnxruntime_options
-    with tempfile.TemporaryDirectory() as tmp:
+    def __init__(self, path: str, feeds: dict, threads: int):
+        import onnxruntime as ort
+
+        from .peers import onnxruntime_options
+        self._tmp = tempfile.TemporaryDirectory()
         so = onnxruntime_options(threads)
-        so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        so.optimized_model_filepath = os.path.join(self._tmp.name, "optimized.onnx")
         so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "profile")
+        so.profile_file_prefix = os.path.join(self._tmp.name, "profile")
         so.log_severity_level = 3          # the NCHWc "hardware specific" warning is expected here
-        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-        for _ in range(runs + 1):
-            sess.run(None, feeds)
-        with open(sess.end_profiling()) as f:
-            events = json.load(f)
-        graph = onnx.load(so.optimized_model_filepath, load_external_data=False).graph
-    times: dict = {}
-    for e in events:
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
-            times.setdefault(e["name"][: -len("_kernel_time")], []).append(e["dur"] / 1e3)
-    nodes = []
-    for n in graph.node:
-        ts = times.get(n.name, [])[1:] or times.get(n.name, [])       # the first run warms up
-        nodes.append({"name": n.name, "op": n.op_type, "inputs": [i for i in n.input if i],
-                      "outputs": [o for o in n.output if o], "ms": statistics.median(ts) if ts else 0.0})
-    return nodes
+        self._optimized, self.feeds = so.optimized_model_filepath, feeds
+        self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        self.sess.run(None, feeds)         # warms up; left out of the times below
+
+    def run(self, runs: int):
+        for _ in range(runs):
+            self.sess.run(None, self.feeds)
+
+    def nodes(self) -> list[dict]:
+        import onnx
+        try:
+            with open(self.sess.end_profiling()) as f:
+                events = json.load(f)
+            graph = onnx.load(self._optimized, load_external_data=False).graph
+        finally:
+            self._tmp.cleanup()
+        times: dict = {}
+        for e in events:
+            if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+                times.setdefault(e["name"][: -len("_kernel_time")], []).append(e["dur"] / 1e3)
+        nodes = []
+        for n in graph.node:
+            ts = times.get(n.name, [])[1:] or times.get(n.name, [])       # the first run warmed up
+            nodes.append({"name": n.name, "op": n.op_type, "inputs": [i for i in n.input if i],
+                          "outputs": [o for o in n.output if o], "ms": statistics.median(ts) if ts else 0.0})
+        return nodes
 
 
-def openvino_nodes(path: str, feeds: dict, threads: int, shapes: dict, runs: int = 20) -> list[dict]:
-    """The nodes OpenVINO ran, with their median time (ms) over `runs` by its performance counters, the
-    original ONNX nodes each covers, and the nodes it reads (by name, as `match` links them)."""
-    from .peers import openvino_compiled
-    compiled = openvino_compiled(path, threads, shapes, perf_count=True)
-    graph = {}
-    for op in compiled.get_runtime_model().get_ordered_ops():
-        info = op.get_rt_info()
-        names = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
-        kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
-        graph[op.get_friendly_name()] = {"op": kind, "originals": [x for x in names.split(",") if x],
-                                         "inputs": [v.get_node().get_friendly_name() for v in op.input_values()]}
-    request = compiled.create_infer_request()
-    times: dict = {}
-    for k in range(runs + 1):
-        request.infer(feeds)
-        if k:                                                           # the first run warms up
-            for p in request.get_profiling_info():
+class OpenvinoNodes:
+    """OpenVINO's compiled model with its performance counters on, run as `OnnxruntimeNodes` is: the nodes
+    it ran with their median time (ms), the original ONNX nodes each covers, and the nodes it reads
+    (by name, as `match` links them)."""
+
+    def __init__(self, path: str, feeds: dict, threads: int, shapes: dict):
+        from .peers import openvino_compiled
+        compiled = openvino_compiled(path, threads, shapes, perf_count=True)
+        self.graph = {}
+        for op in compiled.get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            names = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
+            kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+            self.graph[op.get_friendly_name()] = {
+                "op": kind, "originals": [x for x in names.split(",") if x],
+                "inputs": [v.get_node().get_friendly_name() for v in op.input_values()]}
+        self.request, self.feeds, self.times = compiled.create_infer_request(), feeds, {}
+        self.request.infer(feeds)          # warms up; left out of the times
+
+    def run(self, runs: int):
+        for _ in range(runs):
+            self.request.infer(self.feeds)
+            for p in self.request.get_profiling_info():
                 if p.status == p.Status.EXECUTED:
-                    times.setdefault(p.node_name, []).append(p.real_time.total_seconds() * 1e3)
-    out = []
-    for name, ts in times.items():
-        node = graph.get(name, {"op": "?", "originals": [], "inputs": []})
-        out.append({"name": name, **node, "outputs": [name], "ms": statistics.median(ts)})
-    return out
+                    self.times.setdefault(p.node_name, []).append(p.real_time.total_seconds() * 1e3)
+
+    def nodes(self) -> list[dict]:
+        out = []
+        for name, ts in self.times.items():
+            node = self.graph.get(name, {"op": "?", "originals": [], "inputs": []})
+            out.append({"name": name, **node, "outputs": [name], "ms": statistics.median(ts)})
+        return out
 
 
 def match(nodes: list[dict], groups: list[set]) -> list:
@@ -152,16 +173,26 @@ def report(module, graph, fused, path: str, feeds: dict, threads: int, repeat: i
     fused_nodes = list(fused.topo())
     if [list(n.outputs) for n in fused_nodes] != [s["outputs"] for s in steps]:
         raise ValueError("the module was not compiled from this fused graph")
-    prof = {p["step"]: p["ms"] for p in module.profile(repeat=repeat, feeds=feeds)}
+    peers = {"onnxruntime": OnnxruntimeNodes(path, feeds, threads)}
+    if "openvino" in against:
+        shapes = {i["name"]: i["shape"] for i in module.input_specs}
+        peers["openvino"] = OpenvinoNodes(path, feeds, threads, shapes)
+    # in alternating rounds: profiled one after the other, on a shared host the runtimes' sums drifted
+    # apart by 18% (the machine's speed moved between them), and every ratio with them
+    rounds = max(1, min(ROUNDS, repeat))
+    samples: dict = {}                 # each kernel's median of each round
+    for k in range(rounds):
+        runs = repeat // rounds + (k < repeat % rounds)
+        for p in module.profile(repeat=runs, feeds=feeds):
+            samples.setdefault(p["step"], []).append(p["ms"])
+        for peer in peers.values():
+            peer.run(runs)
+    prof = {i: statistics.median(ts) for i, ts in samples.items()}
     rows = [{"step": i, "desc": s["desc"], "template": s["template"] if i in prof else "(view)",
              "modelc_ms": prof.get(i, 0.0)} for i, s in enumerate(steps)]
     res = {"rows": rows, "modelc_kernels_ms": sum(r["modelc_ms"] for r in rows)}
-    peers = {"onnxruntime": lambda: onnxruntime_nodes(path, feeds, threads, repeat)}
-    if "openvino" in against:
-        shapes = {i["name"]: i["shape"] for i in module.input_specs}
-        peers["openvino"] = lambda: openvino_nodes(path, feeds, threads, shapes, repeat)
-    for peer, nodes_of in peers.items():
-        nodes = nodes_of()
+    for peer, prof_nodes in peers.items():
+        nodes = prof_nodes.nodes()
         for r in rows:
             r[peer], r[f"{peer}_ms"] = [], 0.0
         unmatched = []

@@ -14,10 +14,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _isolated_cache(tmp_path_factory):
-    """Tests never write to the user's cache: built models and kernels go to a temp folder."""
+def pytest_configure(config):
+    """Tests never write to the user's cache: built models and kernels go to one temp folder, made by
+    the first process (pytest-xdist's controller, before its workers start, so that they share it:
+    a kernel one worker compiled is loaded, not compiled again, by the other)."""
     import os
+    import tempfile
     if "MODELC_CACHE_DIR" not in os.environ:
-        os.environ["MODELC_CACHE_DIR"] = str(tmp_path_factory.mktemp("modelc_cache"))
-    yield
+        os.environ["MODELC_CACHE_DIR"] = config._modelc_cache = tempfile.mkdtemp(prefix="modelc_cache_")
+
+
+def pytest_unconfigure(config):
+    import shutil
+    if getattr(config, "_modelc_cache", None):
+        shutil.rmtree(config._modelc_cache, ignore_errors=True)

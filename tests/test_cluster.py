@@ -79,10 +79,16 @@ def test_an_unreachable_address_is_a_clear_error_at_once():
 # ---- a real cluster ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
     pytest.importorskip("ray")
+    import pathlib
+    import shutil
+    import tempfile
+
     from ray.cluster_utils import Cluster
-    tmp = tmp_path_factory.mktemp("ray")
+    # a short path: Ray's sockets live under it and a socket's path may not pass 107 bytes
+    # (pytest-xdist's tmp_path adds a worker's folder, and the test failed on that)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="ray"))
     (tmp / "ray").mkdir()
     old = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = str(tmp)    # the cluster's files, and the address "auto" finds, stay here
@@ -93,6 +99,7 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         c.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
         if old is None:
             os.environ.pop("RAY_TMPDIR", None)
         else:

@@ -61,9 +61,28 @@ def test_compare_fails_on_a_wrong_module(small_model, capsys, monkeypatch):
     assert "FAIL" in capsys.readouterr().out
 
 
-def test_per_layer_report_matches_every_onnxruntime_node(small_model, capsys):
+def _record_turns(monkeypatch, turns):
+    """Notes who runs when: modelc's profile ("modelc") and each peer's profiled runs (its class)."""
+    from modelc import layers
+    real_profile = Module.profile
+
+    def profile(self, *a, **k):
+        turns.append("modelc")
+        return real_profile(self, *a, **k)
+    monkeypatch.setattr(Module, "profile", profile)
+    for cls in (layers.OnnxruntimeNodes, layers.OpenvinoNodes):
+        def run(self, runs, real=cls.run, name=cls.__name__):
+            turns.append(name)
+            return real(self, runs)
+        monkeypatch.setattr(cls, "run", run)
+
+
+def test_per_layer_report_matches_every_onnxruntime_node(small_model, capsys, monkeypatch):
+    from modelc.layers import ROUNDS
     path, d = small_model
     out_json = str(d / "layers.json")
+    turns = []
+    _record_turns(monkeypatch, turns)
     status = main(["compare", path, "--inputs", "1", "--rounds", "10", "--per-layer", "--json", out_json, "-q"])
     text = capsys.readouterr().out
     assert status == 0, text
@@ -79,6 +98,8 @@ def test_per_layer_report_matches_every_onnxruntime_node(small_model, capsys):
     assert kernels and all(r["modelc_ms"] > 0 for r in kernels)
     # the whole runs beside the sums, so a profiler's own overhead is visible
     assert set(rep["latency_ms"]) == {"onnxruntime", "modelc (untuned)"} and "whole runs: modelc" in text
+    # both timed at the same moments of a shared machine: in alternating rounds, not one after the other
+    assert turns == ["modelc", "OnnxruntimeNodes"] * ROUNDS
 
 
 def test_onnxruntime_nodes_of_its_own_go_to_the_group_beside_them():
@@ -116,10 +137,13 @@ def test_openvino_nodes_go_to_the_groups_of_the_onnx_nodes_they_cover():
     assert match(nodes, groups) == [0, 0, 1]
 
 
-def test_per_layer_report_against_openvino(small_model, capsys):
+def test_per_layer_report_against_openvino(small_model, capsys, monkeypatch):
     pytest.importorskip("openvino")
+    from modelc.layers import ROUNDS
     path, d = small_model
     out_json = str(d / "layers_ov.json")
+    turns = []
+    _record_turns(monkeypatch, turns)
     status = main(["compare", path, "--inputs", "1", "--rounds", "10", "--per-layer", "--against", "openvino",
                    "--json", out_json, "-q"])
     text = capsys.readouterr().out
@@ -130,3 +154,4 @@ def test_per_layer_report_against_openvino(small_model, capsys):
     placed = sum(r["openvino_ms"] for r in rep["rows"]) + sum(n["ms"] for n in rep["unmatched_openvino"])
     assert abs(placed - rep["openvino_nodes_ms"]) < 1e-9 and rep["openvino_nodes_ms"] > 0
     assert "openvino nodes" in text and "OpenVINO's nodes" in text
+    assert turns == ["modelc", "OnnxruntimeNodes", "OpenvinoNodes"] * ROUNDS
