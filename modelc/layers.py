@@ -13,6 +13,7 @@ unmatched, never dropped: every column adds up to its runtime's whole kernel tim
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -20,6 +21,7 @@ import tempfile
 
 NCHWC = "_nchwc"        # onnxruntime's x86 name for a node it moved to the blocked layout
 ROUNDS = 5              # alternating rounds of modelc's and the peers' profiled runs
+WARM = 2                # untimed runs that open each runtime's turn (another runtime's threads ran last)
 
 
 def group_names(graph, fused) -> list[set]:
@@ -67,13 +69,17 @@ class OnnxruntimeNodes:
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(self._tmp.name, "profile")
         so.log_severity_level = 3          # the NCHWc "hardware specific" warning is expected here
-        self._optimized, self.feeds = so.optimized_model_filepath, feeds
+        self._optimized, self._path, self.feeds = so.optimized_model_filepath, path, feeds
         self.sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         self.sess.run(None, feeds)         # warms up; left out of the times below
+        self.done, self.timed = 1, set()   # runs so far; the indices of those timed
 
-    def run(self, runs: int):
-        for _ in range(runs):
+    def run(self, runs: int, warm: int = 0):
+        for k in range(warm + runs):
             self.sess.run(None, self.feeds)
+            if k >= warm:
+                self.timed.add(self.done)
+            self.done += 1
 
     def nodes(self) -> list[dict]:
         import onnx
@@ -83,15 +89,25 @@ class OnnxruntimeNodes:
             graph = onnx.load(self._optimized, load_external_data=False).graph
         finally:
             self._tmp.cleanup()
+        # each node's times in the timed runs: a node's event falls within the run (`model_run`) it was part of
+        starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+        timed = self.timed if len(starts) == self.done else set(range(1, len(starts)))
         times: dict = {}
         for e in events:
-            if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and \
+                    bisect.bisect_right(starts, e["ts"]) - 1 in timed:
                 times.setdefault(e["name"][: -len("_kernel_time")], []).append(e["dur"] / 1e3)
+        # onnxruntime times an unnamed node as `<op>_<its index in the model>`; the optimised graph
+        # keeps it unnamed, with the outputs it had
+        unnamed = {tuple(n.output): f"{n.op_type}_{i}" for i, n in
+                   enumerate(onnx.load(self._path, load_external_data=False).graph.node) if not n.name}
         nodes = []
         for n in graph.node:
-            ts = times.get(n.name, [])[1:] or times.get(n.name, [])       # the first run warmed up
-            nodes.append({"name": n.name, "op": n.op_type, "inputs": [i for i in n.input if i],
-                          "outputs": [o for o in n.output if o], "ms": statistics.median(ts) if ts else 0.0})
+            name = n.name or unnamed.get(tuple(n.output), "")
+            ts = times.get(name, [])
+            nodes.append({"name": name, "op": n.op_type, "inputs": [i for i in n.input if i],
+                          "outputs": [o for o in n.output if o], "ms": statistics.median(ts) if ts else 0.0,
+                          "runs": len(ts)})
         return nodes
 
 
@@ -114,7 +130,9 @@ class OpenvinoNodes:
         self.request, self.feeds, self.times = compiled.create_infer_request(), feeds, {}
         self.request.infer(feeds)          # warms up; left out of the times
 
-    def run(self, runs: int):
+    def run(self, runs: int, warm: int = 0):
+        for _ in range(warm):
+            self.request.infer(self.feeds)
         for _ in range(runs):
             self.request.infer(self.feeds)
             for p in self.request.get_profiling_info():
@@ -183,10 +201,12 @@ def report(module, graph, fused, path: str, feeds: dict, threads: int, repeat: i
     samples: dict = {}                 # each kernel's median of each round
     for k in range(rounds):
         runs = repeat // rounds + (k < repeat % rounds)
+        for _ in range(WARM):
+            module.run(feeds)
         for p in module.profile(repeat=runs, feeds=feeds):
             samples.setdefault(p["step"], []).append(p["ms"])
         for peer in peers.values():
-            peer.run(runs)
+            peer.run(runs, warm=WARM)
     prof = {i: statistics.median(ts) for i, ts in samples.items()}
     rows = [{"step": i, "desc": s["desc"], "template": s["template"] if i in prof else "(view)",
              "modelc_ms": prof.get(i, 0.0)} for i, s in enumerate(steps)]

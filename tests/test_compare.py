@@ -71,9 +71,9 @@ def _record_turns(monkeypatch, turns):
         return real_profile(self, *a, **k)
     monkeypatch.setattr(Module, "profile", profile)
     for cls in (layers.OnnxruntimeNodes, layers.OpenvinoNodes):
-        def run(self, runs, real=cls.run, name=cls.__name__):
+        def run(self, runs, real=cls.run, name=cls.__name__, **kw):
             turns.append(name)
-            return real(self, runs)
+            return real(self, runs, **kw)
         monkeypatch.setattr(cls, "run", run)
 
 
@@ -100,6 +100,19 @@ def test_per_layer_report_matches_every_onnxruntime_node(small_model, capsys, mo
     assert set(rep["latency_ms"]) == {"onnxruntime", "modelc (untuned)"} and "whole runs: modelc" in text
     # both timed at the same moments of a shared machine: in alternating rounds, not one after the other
     assert turns == ["modelc", "OnnxruntimeNodes"] * ROUNDS
+
+
+def test_onnxruntime_nodes_are_timed_in_the_timed_runs_only(small_model):
+    """The runs that open each turn (after another runtime's) warm up, and are left out; unnamed nodes
+    (the Flatten and MatMul here, which onnxruntime times as `Flatten_3`, `MatMul_4`) are timed too."""
+    from modelc.layers import OnnxruntimeNodes
+    path, _ = small_model
+    feeds = {"x": np.ones((1, 8, 16, 16), np.float32)}
+    prof = OnnxruntimeNodes(path, feeds, 1)
+    prof.run(3, warm=2)
+    prof.run(2, warm=1)
+    nodes = prof.nodes()
+    assert nodes and all(n["runs"] == 5 for n in nodes), [(n["name"], n["runs"]) for n in nodes]
 
 
 def test_onnxruntime_nodes_of_its_own_go_to_the_group_beside_them():
