@@ -202,8 +202,8 @@ def sequence_source(stamped: bool = False) -> str:
         "            parallel=True, cache=True, nogil=True)",
         "def run_sequence(addrs, words, starts, nwords, items, chunks, claims, slot, nthreads, mode"
         + (", stamps" if stamped else "") + "):",
-        *(["    stamps[0] = cycle_counter()"] if stamped else []),
         "    if nthreads <= 1:",          # every kernel serial: no parallel region at all
+        *(["        stamps[0] = cycle_counter()"] if stamped else []),
         "        csr = flush_denormals(mode[0])",
         "        for k in range(addrs.size):",
         "            for c in range(chunks[k]):",
@@ -215,6 +215,10 @@ def sequence_source(stamped: bool = False) -> str:
         "    for q in range(claims.size):",   # (a loop: `claims[:] = 0` would be a parallel region of its own)
         "        claims[q] = 0",
         "    for t in prange(nthreads):",
+        # stamped: the first kernel starts when the first thread of the team does, not when the region
+        # was asked for (a thread that waited for a core charged its wait to the first kernel)
+        *(["        if atomic_xchg(stamps, addrs.size + 1, 1) == 0:",
+           "            stamps[0] = cycle_counter()"] if stamped else []),
         "        csr = flush_denormals(mode[0])",
         "        for k in range(addrs.size):",
         "            n = items[k]",
@@ -226,7 +230,11 @@ def sequence_source(stamped: bool = False) -> str:
         "                c = lo + j if j < mine else (lo - 1 - (j - mine)) % nc",   # thread's before it
         "                if atomic_xchg(claims, base + 1 + c, 1) == 0:",
         "                    call_chunk_words(addrs[k], words, starts[k], nwords[k], c * n // nc, (c + 1) * n // nc)",
-        "                    atomic_add(claims, base, 1)",
+        # stamped: a kernel ends with its last chunk, on whichever thread ran it; not when thread 0 (perhaps
+        # descheduled while the others ran its chunks and the next kernel's) sees that it ended
+        *(["                    if atomic_add(claims, base, 1) == nc - 1:",
+           "                        stamps[k + 1] = cycle_counter()"] if stamped else
+          ["                    atomic_add(claims, base, 1)"]),
         "            spins = 0",
         "            while atomic_load(claims, base) < nc:",
         "                spins += 1",
@@ -234,7 +242,6 @@ def sequence_source(stamped: bool = False) -> str:
         "                    cpu_relax()",
         "                else:",
         "                    yield_cpu()",
-        *(["            if t == 0:", "                stamps[k + 1] = cycle_counter()"] if stamped else []),
         "        restore_csr(csr)",
         *(["",
            "@numba.njit('int64()', cache=True, nogil=True)",
@@ -417,6 +424,6 @@ class Sequence:
     def stamped(self, run_profiled) -> np.ndarray:
         """Run once through `run_profiled` (`sequence_source(stamped=True)`); the counter's ticks each
         kernel took, in order."""
-        stamps = np.zeros(len(self.calls) + 1, np.int64)
+        stamps = np.zeros(len(self.calls) + 2, np.int64)     # and a flag: the team's first thread began
         run_profiled(*self._args, stamps)
-        return np.diff(stamps)
+        return np.diff(stamps[:-1])
