@@ -22,6 +22,11 @@ import tempfile
 import types
 import threading
 
+try:
+    import fcntl
+except ImportError:         # (not POSIX)
+    fcntl = None
+
 from ..target import prefer_wide_vectors
 
 prefer_wide_vectors()     # numba must start with our CPU features
@@ -126,18 +131,44 @@ def import_file(path: str, text: str | None = None):
                           "of (modified or corrupt); delete it and compile again")
     # executed from the text just checked, never from a .pyc that could have been put beside it
     name = "modelc_kernel_" + os.path.splitext(os.path.basename(path))[0]
-    mod = types.ModuleType(name)
-    mod.__file__ = path
-    sys.modules[name] = mod          # numba's cache resolves functions through their module
-    try:
-        with _no_gc():
-            exec(compile(text, path, "exec"), mod.__dict__)
-    except Exception as e:
-        sys.modules.pop(name, None)
-        raise ModelcError(f"kernel {os.path.basename(path)} failed to compile: "
-                          f"{type(e).__name__}: {str(e)[:2000]}") from e
-    _loaded[path] = mod
+    with _compiling(path):
+        if path in _loaded:          # another thread of this process did it while this one waited
+            return _loaded[path]
+        mod = types.ModuleType(name)
+        mod.__file__ = path
+        sys.modules[name] = mod          # numba's cache resolves functions through their module
+        try:
+            with _no_gc():
+                exec(compile(text, path, "exec"), mod.__dict__)
+        except Exception as e:
+            sys.modules.pop(name, None)
+            raise ModelcError(f"kernel {os.path.basename(path)} failed to compile: "
+                              f"{type(e).__name__}: {str(e)[:2000]}") from e
+        _loaded[path] = mod
     return mod
+
+
+@contextlib.contextmanager
+def _compiling(path: str):
+    """An exclusive lock on a kernel file while it is compiled or loaded, across processes: one
+    process compiles a kernel and the others, waiting, then load it from numba's cache (two tuning
+    runs or pytest workers on one cache, or a server's processes compiling one model at start-up,
+    had each compiled every kernel they shared). flock: the lock ends with the process holding it,
+    however it ends (a build worker killed at its timeout, an LLVM abort). Where there is no flock
+    (Windows), each process compiles what it needs, as before."""
+    if fcntl is None:
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:                  # (exec then fails on its own, naming the file)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                 # (and with it the lock)
 
 
 _gc_lock = threading.Lock()
