@@ -19,6 +19,7 @@ from . import ops, reference
 from .errors import DynamicError, ModelcError, UnsupportedOpError
 from .frontend import converters, functions, onnx_import
 from .frontend.tail import TAIL_OPS
+from .case_workers import ABORT_CASE, CASE_TIMEOUT_S, run_isolated, worker_main  # noqa: F401
 
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 PASSED_FALLBACK = "passed (fallback)"   # through compile, part of the graph on the numpy fallback
@@ -260,139 +261,7 @@ def run_all(pattern: str | None = None, backend: str = "reference", sample: int 
             if progress:
                 progress(out[-1])
         return out
-    return run_isolated([c.name for c in cases], backend, jobs, progress=progress)
-
-
-CASE_TIMEOUT_S = 900.0       # one case, its compiles included, in one worker
-ABORT_CASE = "__abort__"     # not a case: a worker asked for it aborts (tests of the isolation)
-
-
-class _CaseWorker:
-    """A worker process running cases by name (`python -m modelc.conformance --worker`)."""
-
-    def __init__(self, backend: str):
-        import subprocess
-        import tempfile
-        self.err = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "modelc.conformance", "--worker", backend],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
-                                     text=True, bufsize=1)
-
-    def run(self, name: str, timeout: float) -> CaseResult:
-        import json
-        import signal
-        import threading
-        self.err.seek(0)
-        self.err.truncate()
-        timed_out = []
-
-        def kill():
-            timed_out.append(True)
-            self.proc.kill()
-        timer = threading.Timer(timeout, kill)
-        timer.start()
-        try:
-            self.proc.stdin.write(name + "\n")
-            self.proc.stdin.flush()
-            line = self.proc.stdout.readline()
-        except OSError:
-            line = ""
-        finally:
-            timer.cancel()
-        if line:
-            d = json.loads(line)
-            return CaseResult(d["name"], tuple(d["ops"]), d["status"], d["reason"])
-        rc = self.proc.wait()
-        how = (f"killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
-               else f"exit status {rc}")
-        if timed_out:
-            how = f"timeout: killed after {timeout:g} s"
-        self.err.seek(0)
-        tail = [ln for ln in self.err.read().splitlines() if ln.strip()][-3:]
-        return CaseResult(name, (), CRASHED, f"worker process died ({how})" +
-                          (": " + " | ".join(t.strip()[:200] for t in tail) if tail else ""))
-
-    def close(self):
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=30)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc.stdout.close()
-        self.err.close()
-
-
-def run_isolated(names: list, backend: str = "compile", jobs: int | None = None,
-                 timeout: float = CASE_TIMEOUT_S, progress=None) -> list:
-    """Cases by name, each in one of `jobs` worker processes (default: the CPU count) that run
-    many cases; a worker that dies is replaced and its case reported as a crash."""
-    import os
-    import threading
-    todo = list(enumerate(names))
-    results: list = [None] * len(names)
-    lock = threading.Lock()
-
-    def serve():
-        worker = None
-        try:
-            while True:
-                with lock:
-                    if not todo:
-                        return
-                    k, name = todo.pop(0)
-                if worker is None:
-                    worker = _CaseWorker(backend)
-                r = worker.run(name, timeout)
-                if r.status == CRASHED and worker.proc.poll() is not None:
-                    worker.close()
-                    worker = None
-                with lock:
-                    results[k] = r
-                    if progress:
-                        progress(r)
-        finally:
-            if worker is not None:
-                worker.close()
-
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
-    threads = [threading.Thread(target=serve, daemon=True) for _ in range(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    ops_of = None
-    for k, r in enumerate(results):      # a crashed case's ops, for the per-op table
-        if r is not None and r.status == CRASHED and not r.ops:
-            if ops_of is None:
-                ops_of = {c.name: tuple(sorted({n.op_type for n in c.model.graph.node}))
-                          for c in collect_cases()}
-            results[k] = CaseResult(r.name, ops_of.get(r.name, ()), r.status, r.reason)
-    return results
-
-
-def _worker_main(backend: str):
-    """Read case names on stdin, answer one JSON line each on the real stdout (anything else
-    the run prints goes to stderr)."""
-    import json
-    import os
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    cases = {c.name: c for c in collect_cases()}
-    for line in sys.stdin:
-        name = line.strip()
-        if not name:
-            continue
-        if name == ABORT_CASE:
-            os.abort()
-        case = cases.get(name)
-        r = run_case(case, backend) if case is not None else \
-            CaseResult(name, (), NOT_RUN, "no such case")
-        out.write(json.dumps({"name": r.name, "ops": list(r.ops), "status": r.status,
-                              "reason": r.reason}) + "\n")
-        out.flush()
+    return run_isolated([c.name for c in cases], backend, jobs, progress=progress, cases=cases)
 
 
 def summarize(results: list[CaseResult], out=sys.stdout, verbose: bool = False, backend: str = "reference"):
@@ -469,9 +338,10 @@ def main(argv=None):
     p.add_argument("--write-baseline", metavar="FILE",
                    help="write the names of the passing cases (the regression baseline) to FILE")
     p.add_argument("--worker", choices=("reference", "compile"), help=argparse.SUPPRESS)
+    p.add_argument("--cases-file", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        _worker_main(args.worker)
+        worker_main(args.worker, args.cases_file)
         return 0
     import time
     backend = "compile" if args.compile else "reference"

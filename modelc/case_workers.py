@@ -1,0 +1,172 @@
+"""Conformance cases run in worker processes: a case that aborts or segfaults in native code (an
+LLVM fatal error, a kernel's stray write) costs its worker, never the run.
+"""
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .conformance import CaseResult
+
+CASE_TIMEOUT_S = 900.0       # one case, its compiles included, in one worker
+ABORT_CASE = "__abort__"     # not a case: a worker asked for it aborts (tests of the isolation)
+
+
+class _CaseWorker:
+    """A worker process running cases by name (`python -m modelc.conformance --worker`), the
+    cases read from `cases_file` (run_isolated's pickle)."""
+
+    def __init__(self, backend: str, cases_file: str):
+        import subprocess
+        import tempfile
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "modelc.conformance", "--worker", backend,
+                                      "--cases-file", cases_file],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+                                     text=True, bufsize=1)
+
+    def run(self, name: str, timeout: float) -> CaseResult:
+        import json
+        import signal
+        import threading
+
+        from .conformance import CRASHED, CaseResult
+        self.err.seek(0)
+        self.err.truncate()
+        timed_out = []
+
+        def kill():
+            timed_out.append(True)
+            self.proc.kill()
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        try:
+            self.proc.stdin.write(name + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:
+            line = ""
+        finally:
+            timer.cancel()
+        if line:
+            d = json.loads(line)
+            return CaseResult(d["name"], tuple(d["ops"]), d["status"], d["reason"])
+        rc = self.proc.wait()
+        how = (f"killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
+               else f"exit status {rc}")
+        if timed_out:
+            how = f"timeout: killed after {timeout:g} s"
+        self.err.seek(0)
+        tail = [ln for ln in self.err.read().splitlines() if ln.strip()][-3:]
+        return CaseResult(name, (), CRASHED, f"worker process died ({how})" +
+                          (": " + " | ".join(t.strip()[:200] for t in tail) if tail else ""))
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.err.close()
+
+
+def run_isolated(names: list, backend: str = "compile", jobs: int | None = None,
+                 timeout: float = CASE_TIMEOUT_S, progress=None, cases: list | None = None) -> list:
+    """Cases by name, each in one of `jobs` worker processes (default: the CPU count) that run
+    many cases; a worker that dies is replaced and its case reported as a crash.
+
+    The workers read the cases from a file this process writes (`cases`, or collected here):
+    collecting them runs every case's numpy reference, 9-10 s a process, which each worker and
+    each replacement had spent to run a handful (a pickle of our own, in a private temp dir)."""
+    import os
+    import pickle
+    import shutil
+    import tempfile
+    from .conformance import collect_cases
+    wanted = set(names)
+    cases = [c for c in (collect_cases() if cases is None else cases) if c.name in wanted]
+    tmp = tempfile.mkdtemp(prefix="modelc-cases-")
+    cases_file = os.path.join(tmp, "cases.pickle")
+    with open(cases_file, "wb") as f:
+        pickle.dump(cases, f, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        return _run_isolated(names, backend, jobs, timeout, progress, cases, cases_file)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_isolated(names, backend, jobs, timeout, progress, cases, cases_file) -> list:
+    import os
+    import threading
+    from .conformance import CRASHED, CaseResult
+    todo = list(enumerate(names))
+    results: list = [None] * len(names)
+    lock = threading.Lock()
+
+    def serve():
+        worker = None
+        try:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    k, name = todo.pop(0)
+                if worker is None:
+                    worker = _CaseWorker(backend, cases_file)
+                r = worker.run(name, timeout)
+                if r.status == CRASHED and worker.proc.poll() is not None:
+                    worker.close()
+                    worker = None
+                with lock:
+                    results[k] = r
+                    if progress:
+                        progress(r)
+        finally:
+            if worker is not None:
+                worker.close()
+
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
+    threads = [threading.Thread(target=serve, daemon=True) for _ in range(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ops_of = {c.name: tuple(sorted({n.op_type for n in c.model.graph.node})) for c in cases}
+    for k, r in enumerate(results):      # a crashed case's ops, for the per-op table
+        if r is not None and r.status == CRASHED and not r.ops:
+            results[k] = CaseResult(r.name, ops_of.get(r.name, ()), r.status, r.reason)
+    return results
+
+
+def worker_main(backend: str, cases_file: str | None):
+    """Read case names on stdin, answer one JSON line each on the real stdout (anything else
+    the run prints goes to stderr). The cases come from `cases_file`, which the parent process
+    wrote for it (a pickle: never a file from anyone else), or are collected here."""
+    import json
+    import os
+    import pickle
+    from .conformance import NOT_RUN, CaseResult, collect_cases, run_case
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    if cases_file:
+        with open(cases_file, "rb") as f:
+            cases = {c.name: c for c in pickle.load(f)}
+    else:
+        cases = {c.name: c for c in collect_cases()}
+    for line in sys.stdin:
+        name = line.strip()
+        if not name:
+            continue
+        if name == ABORT_CASE:
+            os.abort()
+        case = cases.get(name)
+        r = run_case(case, backend) if case is not None else \
+            CaseResult(name, (), NOT_RUN, "no such case")
+        out.write(json.dumps({"name": r.name, "ops": list(r.ops), "status": r.status,
+                              "reason": r.reason}) + "\n")
+        out.flush()
