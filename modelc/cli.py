@@ -223,6 +223,30 @@ def cmd_models(args):
         print(name)
 
 
+def cmd_cache(args):
+    import time
+
+    from .kernels import cache, cache_bound
+    from .kernels.cache_bound import human as _human
+    bound = cache_bound.max_bytes()
+    if args.action == "prune":
+        if not args.max_size and bound <= 0:
+            raise ModelcError("the kernel cache has no bound (MODELC_CACHE_MAX_SIZE=0): give --max-size")
+        limit = cache_bound.parse_size(args.max_size, "--max-size") if args.max_size else bound
+        removed, freed, left, size = cache_bound.prune(limit)
+        print(f"removed {removed} least recently used kernels ({_human(freed)}); {left} kernels ({_human(size)}) left")
+    elif args.action == "clear":
+        removed, freed, left, size = cache_bound.prune(0, keep_recent_s=0.0)
+        print(f"removed {removed} kernels ({_human(freed)})" +
+              (f"; {left} in use by other processes left" if left else ""))
+    es = cache_bound.entries()
+    used = [e.used for e in es if e.used]
+    print(f"kernel cache {cache.kernel_dir()}: {len(es)} kernels, {_human(sum(e.size for e in es))}; "
+          f"bound {_human(bound) if bound > 0 else 'none'} (MODELC_CACHE_MAX_SIZE)" +
+          (f"; used from {time.strftime('%Y-%m-%d %H:%M', time.localtime(min(used)))} to "
+           f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(max(used)))}" if used else ""))
+
+
 def cmd_run_reference(args):
     from . import reference
     graph = _import(args)
@@ -332,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("models", help="list the built-in example models")
     s.set_defaults(fn=cmd_models)
+
+    s = sub.add_parser("cache", help="the compiled-kernel cache: its size, or prune or clear it")
+    s.add_argument("action", nargs="?", default="info", choices=["info", "prune", "clear"],
+                   help="prune: remove the least recently used kernels down to the bound (not those used "
+                        "in the last hour); clear: remove every kernel no process is using")
+    s.add_argument("--max-size", metavar="SIZE", help="with prune: the size to prune to (500M, 2G; default "
+                   "MODELC_CACHE_MAX_SIZE, 2G)")
+    s.set_defaults(fn=cmd_cache)
     return p
 
 

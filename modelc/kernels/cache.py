@@ -19,8 +19,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import types
 import threading
+import time
+import types
 
 try:
     import fcntl
@@ -95,15 +96,19 @@ def source_path(source: str) -> str:
     return os.path.join(kernel_dir(), file_name(source))
 
 
-def is_compiled(path: str) -> bool:
-    """Whether numba has cached the kernel file at `path`: its index beside it, or under the user's
-    NUMBA_CACHE_DIR where that is set (where numba's own locator puts it: looking beside the file
-    only, every kernel read as not compiled)."""
+def numba_dir(path: str) -> str:
+    """Where numba caches the kernel file at `path`: beside it, or under the user's NUMBA_CACHE_DIR
+    where that is set (where numba's own locator puts it)."""
     from numba.core import caching, config
-    stem = os.path.splitext(os.path.basename(path))[0]
-    where = os.path.join(config.CACHE_DIR, caching.UserProvidedCacheLocator.get_suitable_cache_subpath(path)) \
+    return os.path.join(config.CACHE_DIR, caching.UserProvidedCacheLocator.get_suitable_cache_subpath(path)) \
         if config.CACHE_DIR else os.path.join(os.path.dirname(path), "__pycache__")
-    return bool(glob.glob(os.path.join(where, f"{stem}.*.nbi")))
+
+
+def is_compiled(path: str) -> bool:
+    """Whether numba has cached the kernel file at `path` (its index in `numba_dir`: looking beside
+    the file only, with NUMBA_CACHE_DIR set every kernel read as not compiled)."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return bool(glob.glob(os.path.join(numba_dir(path), f"{stem}.*.nbi")))
 
 
 def write_source(path: str, source: str):
@@ -111,6 +116,7 @@ def write_source(path: str, source: str):
     if os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as f:
             if f.read() == source:
+                _touch(path)        # (used again: a prune leaves it until it has been loaded)
                 return
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     with os.fdopen(fd, "w") as f:
@@ -131,7 +137,7 @@ def import_file(path: str, text: str | None = None):
                           "of (modified or corrupt); delete it and compile again")
     # executed from the text just checked, never from a .pyc that could have been put beside it
     name = "modelc_kernel_" + os.path.splitext(os.path.basename(path))[0]
-    with _compiling(path):
+    with locked(path):
         if path in _loaded:          # another thread of this process did it while this one waited
             return _loaded[path]
         mod = types.ModuleType(name)
@@ -145,30 +151,45 @@ def import_file(path: str, text: str | None = None):
             raise ModelcError(f"kernel {os.path.basename(path)} failed to compile: "
                               f"{type(e).__name__}: {str(e)[:2000]}") from e
         _loaded[path] = mod
+    _touch(path)
     return mod
 
 
 @contextlib.contextmanager
-def _compiling(path: str):
-    """An exclusive lock on a kernel file while it is compiled or loaded, across processes: one
-    process compiles a kernel and the others, waiting, then load it from numba's cache (two tuning
-    runs or pytest workers on one cache, or a server's processes compiling one model at start-up,
-    had each compiled every kernel they shared). flock: the lock ends with the process holding it,
-    however it ends (a build worker killed at its timeout, an LLVM abort). Where there is no flock
-    (Windows), each process compiles what it needs, as before."""
+def locked(path: str, wait: bool = True):
+    """An exclusive lock on a kernel file while it is compiled or loaded (or removed, by
+    cache_bound), across processes; yields whether it is held (False only without `wait`, when
+    another process holds it). One process compiles a kernel and the others, waiting, then load
+    it from numba's cache: two tuning runs or pytest workers on one cache, or a server's processes
+    compiling one model at start-up, had each compiled every kernel they shared. flock: the lock
+    ends with the process holding it, however it ends (a build worker killed at its timeout, an
+    LLVM abort). Where there is no flock (Windows), each process compiles what it needs."""
     if fcntl is None:
-        yield
+        yield True
         return
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:                  # (exec then fails on its own, naming the file)
-        yield
+    except OSError:                  # no file: nothing to guard (an import then fails on its own)
+        yield True
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)                 # (and with it the lock)
+
+
+def _touch(path: str):
+    """Mark a kernel used now (its access time: cache_bound removes the least recently used first).
+    Its modification time stays: numba's cache index is valid only for the file's mtime and size."""
+    try:
+        os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
+    except OSError:
+        pass
 
 
 _gc_lock = threading.Lock()
@@ -453,4 +474,8 @@ def compile_all(sources: list[str], jobs: int | None = None, progress=None,
         for p, n in zip(paths, names or []):
             labels.setdefault(p, n)
         _compile_in_subprocesses(cold, jobs, progress, timeout, labels)
-    return [kernel_of(import_file(p)) for p in paths]
+    out = [kernel_of(import_file(p)) for p in paths]
+    if cold:
+        from . import cache_bound
+        cache_bound.auto(cache_bound.CHECK_EVERY_S)     # (new kernels: it may have outgrown its bound)
+    return out

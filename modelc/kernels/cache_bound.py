@@ -1,0 +1,146 @@
+"""A bound on the kernel cache's size: the least recently used kernels go first, as ccache does.
+
+Every candidate a tuning run measures stays in the cache (its source and numba's index and
+machine code, 143 KB on average), though a model only ever loads its best: a 1,000-trial tune
+leaves about 140 MB, and one machine's cache after a day of tuning held 10,565 kernels in 1.4G.
+So after compiles of new kernels (at most every ten minutes) and after each tuning run, a cache
+grown past `MODELC_CACHE_MAX_SIZE` (default 2G; 0: no bound) is cut back to 80% of it, the
+kernels used longest ago first; `modelc cache` shows it and prunes or clears it by hand. A
+kernel's last use is its source file's access time, which loading it sets (numba reads only the
+file's modification time and size, which stay). A kernel used within the last hour, or locked by
+a process compiling or loading it now, is never removed: a process between writing a kernel's
+source and loading it finds it there. A removed kernel that is needed again is compiled again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from ..errors import ModelcError
+from . import cache
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX = "2G"
+KEEP_RECENT_S = 3600.0      # kernels used this recently stay, whatever the size
+CHECK_EVERY_S = 600.0       # compiles look at the cache's size at most this often
+LOW_WATER = 0.8             # a prune goes down to this share of the bound (not once per kernel over it)
+_KERNEL = re.compile(r"(k_[0-9a-f]{24})(\.py|\..+\.nb[ic])$")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, what: str = "MODELC_CACHE_MAX_SIZE") -> int:
+    """Bytes of a size such as 500M, 2G, 1.5GB or 1048576 (binary units)."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ModelcError(f"{what}={text!r} is not a size: write bytes or a number with K, M, G or T (500M, 2G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def max_bytes() -> int:
+    """The bound, from MODELC_CACHE_MAX_SIZE (0: none)."""
+    return parse_size(os.environ.get("MODELC_CACHE_MAX_SIZE") or DEFAULT_MAX)
+
+
+@dataclass
+class Entry:
+    """One kernel: its source file and numba's index and machine code for it."""
+    stem: str
+    files: list
+    size: int = 0
+    used: float = 0.0           # the source's access time (0 if it is gone: numba's files alone)
+
+
+def entries() -> list:
+    """The cache's kernels, least recently used first."""
+    kdir = cache.kernel_dir()
+    found: dict = {}
+    for d in {kdir, cache.numba_dir(os.path.join(kdir, "k_0.py"))}:
+        try:
+            items = list(os.scandir(d))
+        except OSError:
+            continue
+        for it in items:
+            m = _KERNEL.match(it.name)
+            if not m:
+                continue
+            try:
+                st = it.stat()
+            except OSError:
+                continue
+            e = found.setdefault(m.group(1), Entry(m.group(1), []))
+            e.files.append(it.path)
+            e.size += st.st_size
+            if m.group(2) == ".py":
+                e.used = st.st_atime
+    return sorted(found.values(), key=lambda e: e.used)
+
+
+def prune(limit: int, keep_recent_s: float = KEEP_RECENT_S) -> tuple:
+    """Remove the least recently used kernels until the cache takes at most `limit` bytes (those
+    used within `keep_recent_s`, or locked now, stay). Returns (kernels removed, bytes removed,
+    kernels left, bytes left)."""
+    es = entries()
+    total, removed, freed = sum(e.size for e in es), 0, 0
+    recent = time.time() - keep_recent_s
+    for e in es:
+        if total <= limit:
+            break
+        if e.used > recent:
+            break                   # (sorted: the rest are as recent)
+        if _remove(e):
+            total -= e.size
+            removed += 1
+            freed += e.size
+    return removed, freed, len(es) - removed, total
+
+
+_checked = [0.0]            # when this process last looked (a look over 10,000 kernels takes 0.3 s)
+
+
+def auto(every_s: float = 0.0):
+    """Prune to LOW_WATER of the bound if the cache has outgrown it (after compiles, at most once in
+    `every_s`, and after tuning runs)."""
+    limit = max_bytes()
+    if limit <= 0 or time.monotonic() - _checked[0] < every_s:
+        return
+    _checked[0] = time.monotonic()
+    es = entries()
+    if sum(e.size for e in es) <= limit:
+        return
+    removed, freed, left, size = prune(int(limit * LOW_WATER))
+    logger.info("kernel cache over its bound of %s (MODELC_CACHE_MAX_SIZE): removed %d least recently used "
+                "kernels (%s); %d kernels, %s left", human(limit), removed, human(freed), left, human(size))
+
+
+def _remove(e: Entry) -> bool:
+    """Remove a kernel's files, numba's first, under its lock; False if another process holds it."""
+    src = next((f for f in e.files if f.endswith(".py")), None)
+    with cache.locked(src, wait=False) if src else _nothing() as held:
+        if not held:
+            return False
+        for f in sorted(e.files, key=lambda f: f.endswith(".py")):
+            try:
+                os.remove(f)
+            except FileNotFoundError:
+                pass
+    return True
+
+
+class _nothing:
+    def __enter__(self):
+        return True
+
+    def __exit__(self, *exc):
+        return False
+
+
+def human(n: int) -> str:
+    """A size as parse_size reads it: 1.5G, 524M, 900."""
+    for unit in ("T", "G", "M", "K"):
+        if n >= _UNITS[unit]:
+            return f"{n / _UNITS[unit]:.3g}{unit}"
+    return f"{n}"
