@@ -109,3 +109,11 @@ def test_the_cache_command(fresh, capsys):
     out = capsys.readouterr().out
     assert out.startswith("removed 3 least recently used kernels") and "0 kernels" in out
     assert cli.main(["cache", "prune", "--max-size", "much"]) == 2
+
+
+def test_a_kernel_pruned_while_a_process_waited_for_it_is_written_again(fresh):
+    path = compiled(5, 7200)
+    assert cache_bound.prune(0)[0] == 1 and not os.path.exists(path)
+    cache._loaded.clear()
+    mod = cache.import_file(path, source(5))      # (a loader that had read the text before the prune)
+    assert mod.f(1.0) == 6.0 and os.path.exists(path) and cache.is_compiled(path)

@@ -140,6 +140,8 @@ def import_file(path: str, text: str | None = None):
     with locked(path):
         if path in _loaded:          # another thread of this process did it while this one waited
             return _loaded[path]
+        if not os.path.exists(path):     # pruned (cache_bound) while this process waited for it:
+            write_source(path, text)     # numba caches only what a file holds
         mod = types.ModuleType(name)
         mod.__file__ = path
         sys.modules[name] = mod          # numba's cache resolves functions through their module

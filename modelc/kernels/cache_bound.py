@@ -120,7 +120,7 @@ def _remove(e: Entry) -> bool:
     """Remove a kernel's files, numba's first, under its lock; False if another process holds it."""
     src = next((f for f in e.files if f.endswith(".py")), None)
     with cache.locked(src, wait=False) if src else _nothing() as held:
-        if not held:
+        if not held or src and _used(src) > e.used:      # (or used since the listing)
             return False
         for f in sorted(e.files, key=lambda f: f.endswith(".py")):
             try:
@@ -128,6 +128,13 @@ def _remove(e: Entry) -> bool:
             except FileNotFoundError:
                 pass
     return True
+
+
+def _used(path: str) -> float:
+    try:
+        return os.stat(path).st_atime
+    except OSError:
+        return 0.0
 
 
 class _nothing:
