@@ -171,7 +171,7 @@ def locked(path: str, wait: bool = True):
         return
     try:
         fd = os.open(path, os.O_RDONLY)
-    except OSError:                  # no file: nothing to guard (an import then fails on its own)
+    except OSError:                  # no file: nothing to guard (import_file writes it again)
         yield True
         return
     try:
