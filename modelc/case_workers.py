@@ -1,13 +1,37 @@
-"""Conformance cases run in worker processes: a case that aborts or segfaults in native code (an
-LLVM fatal error, a kernel's stray write) costs its worker, never the run.
+"""ONNX's conformance cases, their results, and their runs in worker processes: a case that aborts or
+segfaults in native code (an LLVM fatal error, a kernel's stray write) costs its worker, never the run.
 """
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+import warnings
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from .conformance import CaseResult
+import numpy as np
+
+PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
+PASSED_FALLBACK = "passed (fallback)"   # through compile, part of the graph on the numpy fallback
+PASSED_TAIL = "passed (tail)"           # shapes decided by the data: those nodes on ONNX's evaluator
+CRASHED = "crash"                       # a raw exception, or the case killed its worker process
+STATUSES = (PASSED, PASSED_FALLBACK, PASSED_TAIL, FAILED, CRASHED, NOT_RUN)
+FOLDED = "folded to constants: no kernel ran"   # the reason of a case passed with no step at all
+
+
+@dataclass
+class CaseResult:
+    name: str
+    ops: tuple
+    status: str
+    reason: str = ""
+
+
+def collect_cases():
+    from onnx.backend.test.case.node import collect_testcases
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with np.errstate(all="ignore"):
+            return collect_testcases(None)
+
 
 CASE_TIMEOUT_S = 900.0       # one case, its compiles included, in one worker
 ABORT_CASE = "__abort__"     # not a case: a worker asked for it aborts (tests of the isolation)
@@ -31,7 +55,6 @@ class _CaseWorker:
         import signal
         import threading
 
-        from .conformance import CRASHED, CaseResult
         self.err.seek(0)
         self.err.truncate()
         timed_out = []
@@ -86,7 +109,6 @@ def run_isolated(names: list, backend: str = "compile", jobs: int | None = None,
     import pickle
     import shutil
     import tempfile
-    from .conformance import collect_cases
     wanted = set(names)
     cases = [c for c in (collect_cases() if cases is None else cases) if c.name in wanted]
     tmp = tempfile.mkdtemp(prefix="modelc-cases-")
@@ -102,7 +124,6 @@ def run_isolated(names: list, backend: str = "compile", jobs: int | None = None,
 def _run_isolated(names, backend, jobs, timeout, progress, cases, cases_file) -> list:
     import os
     import threading
-    from .conformance import CRASHED, CaseResult
     todo = list(enumerate(names))
     results: list = [None] * len(names)
     lock = threading.Lock()
@@ -140,33 +161,3 @@ def _run_isolated(names, backend, jobs, timeout, progress, cases, cases_file) ->
         if r is not None and r.status == CRASHED and not r.ops:
             results[k] = CaseResult(r.name, ops_of.get(r.name, ()), r.status, r.reason)
     return results
-
-
-def worker_main(backend: str, cases_file: str | None):
-    """Read case names on stdin, answer one JSON line each on the real stdout (anything else
-    the run prints goes to stderr). The cases come from `cases_file`, which the parent process
-    wrote for it (a pickle: never a file from anyone else), or are collected here."""
-    import json
-    import os
-    import pickle
-    from .conformance import NOT_RUN, CaseResult, collect_cases, run_case
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    if cases_file:
-        with open(cases_file, "rb") as f:
-            cases = {c.name: c for c in pickle.load(f)}
-    else:
-        cases = {c.name: c for c in collect_cases()}
-    for line in sys.stdin:
-        name = line.strip()
-        if not name:
-            continue
-        if name == ABORT_CASE:
-            os.abort()
-        case = cases.get(name)
-        r = run_case(case, backend) if case is not None else \
-            CaseResult(name, (), NOT_RUN, "no such case")
-        out.write(json.dumps({"name": r.name, "ops": list(r.ops), "status": r.status,
-                              "reason": r.reason}) + "\n")
-        out.flush()

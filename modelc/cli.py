@@ -226,20 +226,20 @@ def cmd_models(args):
 def cmd_cache(args):
     import time
 
-    from .kernels import cache, cache_bound
-    from .kernels.cache_bound import human as _human
-    bound = cache_bound.max_bytes()
+    from .kernels import cache, cache_files
+    from .kernels.cache_files import human as _human
+    bound = cache_files.max_bytes()
     if args.action == "prune":
         if not args.max_size and bound <= 0:
             raise ModelcError("the kernel cache has no bound (MODELC_CACHE_MAX_SIZE=0): give --max-size")
-        limit = cache_bound.parse_size(args.max_size, "--max-size") if args.max_size else bound
-        removed, freed, left, size = cache_bound.prune(limit)
+        limit = cache_files.parse_size(args.max_size, "--max-size") if args.max_size else bound
+        removed, freed, left, size = cache_files.prune(limit)
         print(f"removed {removed} least recently used kernels ({_human(freed)}); {left} kernels ({_human(size)}) left")
     elif args.action == "clear":
-        removed, freed, left, size = cache_bound.prune(0, keep_recent_s=0.0)
+        removed, freed, left, size = cache_files.prune(0, keep_recent_s=0.0)
         print(f"removed {removed} kernels ({_human(freed)})" +
               (f"; {left} in use by other processes left" if left else ""))
-    es = cache_bound.entries()
+    es = cache_files.entries()
     used = [e.used for e in es if e.used]
     print(f"kernel cache {cache.kernel_dir()}: {len(es)} kernels, {_human(sum(e.size for e in es))}; "
           f"bound {_human(bound) if bound > 0 else 'none'} (MODELC_CACHE_MAX_SIZE)" +

@@ -10,7 +10,6 @@ import argparse
 import collections
 import sys
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -19,31 +18,8 @@ from . import ops, reference
 from .errors import DynamicError, ModelcError, UnsupportedOpError
 from .frontend import converters, functions, onnx_import
 from .frontend.tail import TAIL_OPS
-from .case_workers import ABORT_CASE, CASE_TIMEOUT_S, run_isolated, worker_main  # noqa: F401
-
-PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
-PASSED_FALLBACK = "passed (fallback)"   # through compile, part of the graph on the numpy fallback
-PASSED_TAIL = "passed (tail)"           # shapes decided by the data: those nodes on ONNX's evaluator
-CRASHED = "crash"                       # a raw exception, or the case killed its worker process
-STATUSES = (PASSED, PASSED_FALLBACK, PASSED_TAIL, FAILED, CRASHED, NOT_RUN)
-FOLDED = "folded to constants: no kernel ran"   # the reason of a case passed with no step at all
-
-
-@dataclass
-class CaseResult:
-    name: str
-    ops: tuple
-    status: str
-    reason: str = ""
-
-
-def collect_cases():
-    from onnx.backend.test.case.node import collect_testcases
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with np.errstate(all="ignore"):
-            return collect_testcases(None)
-
+from .case_workers import (ABORT_CASE, CASE_TIMEOUT_S, CRASHED, FAILED, FOLDED, NOT_RUN, PASSED,  # noqa: F401
+                           PASSED_FALLBACK, PASSED_TAIL, STATUSES, CaseResult, collect_cases, run_isolated)
 
 def _unsupported_ops(model: onnx.ModelProto) -> list[str]:
     out = []
@@ -264,6 +240,35 @@ def run_all(pattern: str | None = None, backend: str = "reference", sample: int 
     return run_isolated([c.name for c in cases], backend, jobs, progress=progress, cases=cases)
 
 
+def _worker_main(backend: str, cases_file: str | None):
+    """Read case names on stdin, answer one JSON line each on the real stdout (anything else
+    the run prints goes to stderr). The cases come from `cases_file`, which the parent process
+    wrote for it (a pickle: never a file from anyone else), or are collected here."""
+    import json
+    import os
+    import pickle
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    if cases_file:
+        with open(cases_file, "rb") as f:
+            cases = {c.name: c for c in pickle.load(f)}
+    else:
+        cases = {c.name: c for c in collect_cases()}
+    for line in sys.stdin:
+        name = line.strip()
+        if not name:
+            continue
+        if name == ABORT_CASE:
+            os.abort()
+        case = cases.get(name)
+        r = run_case(case, backend) if case is not None else \
+            CaseResult(name, (), NOT_RUN, "no such case")
+        out.write(json.dumps({"name": r.name, "ops": list(r.ops), "status": r.status,
+                              "reason": r.reason}) + "\n")
+        out.flush()
+
+
 def summarize(results: list[CaseResult], out=sys.stdout, verbose: bool = False, backend: str = "reference"):
     by_status = collections.Counter(r.status for r in results)
     if backend == "compile":
@@ -341,7 +346,7 @@ def main(argv=None):
     p.add_argument("--cases-file", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        worker_main(args.worker, args.cases_file)
+        _worker_main(args.worker, args.cases_file)
         return 0
     import time
     backend = "compile" if args.compile else "reference"

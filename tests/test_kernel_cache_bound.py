@@ -9,7 +9,7 @@ import pytest
 
 from modelc import cli
 from modelc.errors import ModelcError
-from modelc.kernels import cache, cache_bound
+from modelc.kernels import cache, cache_files
 
 
 def source(k: int) -> str:
@@ -44,8 +44,8 @@ def test_prune_removes_the_least_recently_used_first(fresh):
     paths = [compiled(k, ago) for k, ago in ((1, 9000), (2, 3 * 3600), (3, 7200))]
     sizes = [sum(os.path.getsize(f) for f in files_of(p)) for p in paths]
     assert all(len(files_of(p)) == 3 for p in paths)            # source, numba's index and code
-    assert [e.stem for e in cache_bound.entries()] == [os.path.basename(paths[i])[:-3] for i in (1, 0, 2)]
-    removed, freed, left, size = cache_bound.prune(sum(sizes) - 1)
+    assert [e.stem for e in cache_files.entries()] == [os.path.basename(paths[i])[:-3] for i in (1, 0, 2)]
+    removed, freed, left, size = cache_files.prune(sum(sizes) - 1)
     assert (removed, freed, left, size) == (1, sizes[1], 2, sizes[0] + sizes[2])
     assert not any(os.path.exists(f) for f in files_of(paths[1])) and not os.path.exists(paths[1])
     assert all(os.path.exists(p) and cache.is_compiled(p) for p in (paths[0], paths[2]))
@@ -59,13 +59,13 @@ def test_recently_used_and_locked_kernels_stay(fresh):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        removed, _, left, _ = cache_bound.prune(0)
+        removed, _, left, _ = cache_files.prune(0)
     finally:
         holder.kill()
         holder.wait()
     assert (removed, left) == (1, 2)
     assert os.path.exists(recent) and os.path.exists(held) and not os.path.exists(old)
-    assert cache_bound.prune(0, keep_recent_s=0.0)[::2] == (2, 0)     # unlocked, cleared: both
+    assert cache_files.prune(0, keep_recent_s=0.0)[::2] == (2, 0)     # unlocked, cleared: both
 
 
 def test_loading_marks_a_kernel_used_and_numba_still_loads_it(fresh):
@@ -82,22 +82,22 @@ def test_loading_marks_a_kernel_used_and_numba_still_loads_it(fresh):
 
 def test_a_cache_past_its_bound_is_cut_to_most_of_it(fresh, monkeypatch):
     paths = [compiled(k, 7300 - 10 * k) for k in range(4)]       # oldest first
-    total = sum(e.size for e in cache_bound.entries())
+    total = sum(e.size for e in cache_files.entries())
     monkeypatch.setenv("MODELC_CACHE_MAX_SIZE", str(total - 1))
-    cache_bound.auto()
-    left = cache_bound.entries()
+    cache_files.auto()
+    left = cache_files.entries()
     assert sum(e.size for e in left) <= 0.8 * (total - 1) and len(left) < 4
     assert [os.path.exists(p) for p in paths][-len(left):] == [True] * len(left)    # the newest stay
     monkeypatch.setenv("MODELC_CACHE_MAX_SIZE", "0")             # no bound
-    cache_bound.auto()
-    assert len(cache_bound.entries()) == len(left)
+    cache_files.auto()
+    assert len(cache_files.entries()) == len(left)
 
 
 def test_sizes_and_their_errors():
-    assert [cache_bound.parse_size(s) for s in ("900", "500M", "2G", "1.5GB", "64kib")] == \
+    assert [cache_files.parse_size(s) for s in ("900", "500M", "2G", "1.5GB", "64kib")] == \
         [900, 500 << 20, 2 << 30, 3 << 29, 64 << 10]
     with pytest.raises(ModelcError, match="MODELC_CACHE_MAX_SIZE='lots' is not a size"):
-        cache_bound.parse_size("lots")
+        cache_files.parse_size("lots")
 
 
 def test_the_cache_command(fresh, capsys):
@@ -113,7 +113,7 @@ def test_the_cache_command(fresh, capsys):
 
 def test_a_kernel_pruned_while_a_process_waited_for_it_is_written_again(fresh):
     path = compiled(5, 7200)
-    assert cache_bound.prune(0)[0] == 1 and not os.path.exists(path)
+    assert cache_files.prune(0)[0] == 1 and not os.path.exists(path)
     cache._loaded.clear()
     mod = cache.import_file(path, source(5))      # (a loader that had read the text before the prune)
     assert mod.f(1.0) == 6.0 and os.path.exists(path) and cache.is_compiled(path)

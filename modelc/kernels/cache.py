@@ -20,13 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import types
-
-try:
-    import fcntl
-except ImportError:         # (not POSIX)
-    fcntl = None
 
 from ..target import prefer_wide_vectors
 
@@ -35,24 +29,10 @@ import numba  # noqa: E402
 
 from ..errors import ModelcError  # noqa: E402
 from . import launch  # noqa: E402
+from . import cache_files  # noqa: E402
+from .cache_files import cache_root, kernel_dir, locked, numba_dir, touch  # noqa: E402,F401
 
 _loaded: dict[str, object] = {}      # kernel file -> its imported module
-
-
-def cache_root() -> str:
-    return os.environ.get("MODELC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "modelc")
-
-
-def kernel_dir() -> str:
-    """The kernel folder. numba's cache files in it are loaded as machine code (and its index is a
-    pickle), so a folder that another user could write to is refused, as ssh refuses such keys."""
-    d = os.path.join(cache_root(), "kernels")
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    st = os.stat(d)
-    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
-        raise ModelcError(f"kernel cache {d!r} is writable by other users (or not yours): modelc loads "
-                          "compiled code from it; fix its permissions or set MODELC_CACHE_DIR")
-    return d
 
 
 def target_tag() -> str:
@@ -96,14 +76,6 @@ def source_path(source: str) -> str:
     return os.path.join(kernel_dir(), file_name(source))
 
 
-def numba_dir(path: str) -> str:
-    """Where numba caches the kernel file at `path`: beside it, or under the user's NUMBA_CACHE_DIR
-    where that is set (where numba's own locator puts it)."""
-    from numba.core import caching, config
-    return os.path.join(config.CACHE_DIR, caching.UserProvidedCacheLocator.get_suitable_cache_subpath(path)) \
-        if config.CACHE_DIR else os.path.join(os.path.dirname(path), "__pycache__")
-
-
 def is_compiled(path: str) -> bool:
     """Whether numba has cached the kernel file at `path` (its index in `numba_dir`: looking beside
     the file only, with NUMBA_CACHE_DIR set every kernel read as not compiled)."""
@@ -116,7 +88,7 @@ def write_source(path: str, source: str):
     if os.path.exists(path):
         with open(path, encoding="utf-8", errors="replace") as f:
             if f.read() == source:
-                _touch(path)        # (used again: a prune leaves it until it has been loaded)
+                touch(path)        # (used again: a prune leaves it until it has been loaded)
                 return
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     with os.fdopen(fd, "w") as f:
@@ -140,7 +112,7 @@ def import_file(path: str, text: str | None = None):
     with locked(path):
         if path in _loaded:          # another thread of this process did it while this one waited
             return _loaded[path]
-        if not os.path.exists(path):     # pruned (cache_bound) while this process waited for it:
+        if not os.path.exists(path):     # pruned (cache_files) while this process waited for it:
             write_source(path, text)     # numba caches only what a file holds
         mod = types.ModuleType(name)
         mod.__file__ = path
@@ -153,45 +125,8 @@ def import_file(path: str, text: str | None = None):
             raise ModelcError(f"kernel {os.path.basename(path)} failed to compile: "
                               f"{type(e).__name__}: {str(e)[:2000]}") from e
         _loaded[path] = mod
-    _touch(path)
+    touch(path)
     return mod
-
-
-@contextlib.contextmanager
-def locked(path: str, wait: bool = True):
-    """An exclusive lock on a kernel file while it is compiled or loaded (or removed, by
-    cache_bound), across processes; yields whether it is held (False only without `wait`, when
-    another process holds it). One process compiles a kernel and the others, waiting, then load
-    it from numba's cache: two tuning runs or pytest workers on one cache, or a server's processes
-    compiling one model at start-up, had each compiled every kernel they shared. flock: the lock
-    ends with the process holding it, however it ends (a build worker killed at its timeout, an
-    LLVM abort). Where there is no flock (Windows), each process compiles what it needs."""
-    if fcntl is None:
-        yield True
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:                  # no file: nothing to guard (import_file writes it again)
-        yield True
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)                 # (and with it the lock)
-
-
-def _touch(path: str):
-    """Mark a kernel used now (its access time: cache_bound removes the least recently used first).
-    Its modification time stays: numba's cache index is valid only for the file's mtime and size."""
-    try:
-        os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
-    except OSError:
-        pass
 
 
 _gc_lock = threading.Lock()
@@ -478,6 +413,5 @@ def compile_all(sources: list[str], jobs: int | None = None, progress=None,
         _compile_in_subprocesses(cold, jobs, progress, timeout, labels)
     out = [kernel_of(import_file(p)) for p in paths]
     if cold:
-        from . import cache_bound
-        cache_bound.auto(cache_bound.CHECK_EVERY_S)     # (new kernels: it may have outgrown its bound)
+        cache_files.auto(cache_files.CHECK_EVERY_S)     # (new kernels: it may have outgrown its bound)
     return out

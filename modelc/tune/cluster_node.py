@@ -15,7 +15,7 @@ import time
 
 from ..errors import ModelcError
 from ..extract import Task, workload_flops
-from ..kernels import cache_bound
+from ..kernels import cache_files
 from ..target import Target
 from ..validate import check_config, check_workload
 from ..version import VERSION
@@ -69,7 +69,7 @@ class NodeMeasurer:
         ok = [c for k, c in enumerate(configs) if k not in refused]
         measured = iter(self.measurer.measure(task, [_Values(c) for c in ok], self.target) if ok else [])
         recs = [refused[k] if k in refused else next(measured) for k in range(len(configs))]
-        cache_bound.auto(cache_bound.CHECK_EVERY_S)     # (this node's cache keeps every candidate too)
+        cache_files.auto(cache_files.CHECK_EVERY_S)     # (this node's cache keeps every candidate too)
         return {"records": [r.to_json() for r in recs], "seconds": time.time() - t0}
 
     def close(self):

@@ -19,7 +19,7 @@ import time
 from .. import logs
 from ..errors import ModelcError
 from ..extract import Task, extract_tasks, workload_flops
-from ..kernels import cache_bound
+from ..kernels import cache_files
 from ..kernels.template import valid_default
 from ..target import use as use_target
 from . import records as R
@@ -142,7 +142,7 @@ def tune(model, n_trials: int = 1000, log: str = "tuning.jsonl", shape: dict | N
         # after a run that measured something (not a resume at its budget), on a model (not tasks alone)
         if module_check and model is not None and os.path.exists(log) and os.path.getsize(log) > size:
             _module_check(model, log, shape, module_check, verbose)
-        cache_bound.auto()          # (every candidate measured left a kernel in the cache)
+        cache_files.auto()          # (every candidate measured left a kernel in the cache)
         return sched
     with logs.shown(verbose):
         measurer = cluster_measurer(cluster, measure_options, target_cpu)

@@ -1,26 +1,94 @@
-"""A bound on the kernel cache's size: the least recently used kernels go first, as ccache does.
+"""The kernel cache's files: their folder, their locks, and a bound on their size.
 
 Every candidate a tuning run measures stays in the cache (its source and numba's index and
 machine code, 143 KB on average), though a model only ever loads its best: a 1,000-trial tune
 leaves about 140 MB, and one machine's cache after a day of tuning held 10,565 kernels in 1.4G.
 So after compiles of new kernels (at most every ten minutes) and after each tuning run, a cache
 grown past `MODELC_CACHE_MAX_SIZE` (default 2G; 0: no bound) is cut back to 80% of it, the
-kernels used longest ago first; `modelc cache` shows it and prunes or clears it by hand. A
-kernel's last use is its source file's access time, which loading it sets (numba reads only the
-file's modification time and size, which stay). A kernel used within the last hour, or locked by
-a process compiling or loading it now, is never removed: a process between writing a kernel's
-source and loading it finds it there. A removed kernel that is needed again is compiled again.
+kernels used longest ago first, as ccache does; `modelc cache` shows it and prunes or clears it
+by hand. A kernel's last use is its source file's access time, which loading it sets (numba
+reads only the file's modification time and size, which stay). A kernel used within the last
+hour, or locked by a process compiling or loading it now, is never removed: a process between
+writing a kernel's source and loading it finds it there. A removed kernel needed again is
+compiled again.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import time
 from dataclasses import dataclass
 
+try:
+    import fcntl
+except ImportError:         # (not POSIX)
+    fcntl = None
+
 from ..errors import ModelcError
-from . import cache
+
+
+def cache_root() -> str:
+    return os.environ.get("MODELC_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "modelc")
+
+
+def kernel_dir() -> str:
+    """The kernel folder. numba's cache files in it are loaded as machine code (and its index is a
+    pickle), so a folder that another user could write to is refused, as ssh refuses such keys."""
+    d = os.path.join(cache_root(), "kernels")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.stat(d)
+    if hasattr(os, "getuid") and (st.st_uid != os.getuid() or st.st_mode & 0o022):
+        raise ModelcError(f"kernel cache {d!r} is writable by other users (or not yours): modelc loads "
+                          "compiled code from it; fix its permissions or set MODELC_CACHE_DIR")
+    return d
+
+
+def numba_dir(path: str) -> str:
+    """Where numba caches the kernel file at `path`: beside it, or under the user's NUMBA_CACHE_DIR
+    where that is set (where numba's own locator puts it)."""
+    from numba.core import caching, config
+    return os.path.join(config.CACHE_DIR, caching.UserProvidedCacheLocator.get_suitable_cache_subpath(path)) \
+        if config.CACHE_DIR else os.path.join(os.path.dirname(path), "__pycache__")
+
+
+@contextlib.contextmanager
+def locked(path: str, wait: bool = True):
+    """An exclusive lock on a kernel file while it is compiled or loaded (or removed, by
+    the bound), across processes; yields whether it is held (False only without `wait`, when
+    another process holds it). One process compiles a kernel and the others, waiting, then load
+    it from numba's cache: two tuning runs or pytest workers on one cache, or a server's processes
+    compiling one model at start-up, had each compiled every kernel they shared. flock: the lock
+    ends with the process holding it, however it ends (a build worker killed at its timeout, an
+    LLVM abort). Where there is no flock (Windows), each process compiles what it needs."""
+    if fcntl is None:
+        yield True
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:                  # no file: nothing to guard (import_file writes it again)
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)                 # (and with it the lock)
+
+
+def touch(path: str):
+    """Mark a kernel used now (its access time: the bound removes the least recently used first).
+    Its modification time stays: numba's cache index is valid only for the file's mtime and size."""
+    try:
+        os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
+    except OSError:
+        pass
+
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +124,9 @@ class Entry:
 
 def entries() -> list:
     """The cache's kernels, least recently used first."""
-    kdir = cache.kernel_dir()
+    kdir = kernel_dir()
     found: dict = {}
-    for d in {kdir, cache.numba_dir(os.path.join(kdir, "k_0.py"))}:
+    for d in {kdir, numba_dir(os.path.join(kdir, "k_0.py"))}:
         try:
             items = list(os.scandir(d))
         except OSError:
@@ -119,7 +187,7 @@ def auto(every_s: float = 0.0):
 def _remove(e: Entry) -> bool:
     """Remove a kernel's files, numba's first, under its lock; False if another process holds it."""
     src = next((f for f in e.files if f.endswith(".py")), None)
-    with cache.locked(src, wait=False) if src else _nothing() as held:
+    with locked(src, wait=False) if src else _nothing() as held:
         if not held or src and _used(src) > e.used:      # (or used since the listing)
             return False
         for f in sorted(e.files, key=lambda f: f.endswith(".py")):
