@@ -117,3 +117,18 @@ def test_a_kernel_pruned_while_a_process_waited_for_it_is_written_again(fresh):
     cache._loaded.clear()
     mod = cache.import_file(path, source(5))      # (a loader that had read the text before the prune)
     assert mod.f(1.0) == 6.0 and os.path.exists(path) and cache.is_compiled(path)
+
+
+def test_writes_that_never_finished_are_cleaned_up_after_an_hour(fresh):
+    path = compiled(6, 60)
+    d, nd = os.path.dirname(path), cache.numba_dir(path)
+    stale = [os.path.join(d, "tmpab_12cd.tmp"),                                  # write_source's, numba's
+             os.path.join(nd, os.path.basename(path)[:-3] + ".f-4.py311.1.nbc.tmp.0a1b")]
+    fresh_tmp = os.path.join(d, "tmpzz_99.tmp")
+    for f in stale + [fresh_tmp]:
+        with open(f, "w") as fh:
+            fh.write("x" * 100)
+    for f in stale:
+        os.utime(f, (time.time() - 7200, time.time() - 7200))
+    assert cache_files.prune(1 << 40) == (0, 200, 1, sum(e.size for e in cache_files.entries()))
+    assert not any(os.path.exists(f) for f in stale) and os.path.exists(fresh_tmp) and os.path.exists(path)

@@ -152,7 +152,7 @@ def prune(limit: int, keep_recent_s: float = KEEP_RECENT_S) -> tuple:
     used within `keep_recent_s`, or locked now, stay). Returns (kernels removed, bytes removed,
     kernels left, bytes left)."""
     es = entries()
-    total, removed, freed = sum(e.size for e in es), 0, 0
+    total, removed, freed = sum(e.size for e in es), 0, _remove_stale_temporaries()
     recent = time.time() - keep_recent_s
     for e in es:
         if total <= limit:
@@ -182,6 +182,28 @@ def auto(every_s: float = 0.0):
     removed, freed, left, size = prune(int(limit * LOW_WATER))
     logger.info("kernel cache over its bound of %s (MODELC_CACHE_MAX_SIZE): removed %d least recently used "
                 "kernels (%s); %d kernels, %s left", human(limit), removed, human(freed), left, human(size))
+
+
+_TEMPORARY = re.compile(r"tmp\w+\.tmp|k_[0-9a-f]{24}\..+\.nb[ic]\.tmp\.\w+")     # ours, numba's
+
+
+def _remove_stale_temporaries() -> int:
+    """Remove what writes that never finished left (a process killed between writing a temporary file
+    and renaming it: write_source's, numba's cache saves) an hour or more ago; returns their bytes."""
+    kdir, freed, old = kernel_dir(), 0, time.time() - KEEP_RECENT_S
+    for d in {kdir, numba_dir(os.path.join(kdir, "k_0.py"))}:
+        try:
+            items = list(os.scandir(d))
+        except OSError:
+            continue
+        for it in items:
+            try:
+                if _TEMPORARY.fullmatch(it.name) and (st := it.stat()).st_mtime < old:
+                    os.remove(it.path)
+                    freed += st.st_size
+            except OSError:
+                pass
+    return freed
 
 
 def _remove(e: Entry) -> bool:
