@@ -122,37 +122,44 @@ class Entry:
     used: float = 0.0           # the source's access time (0 if it is gone: numba's files alone)
 
 
-def entries() -> list:
-    """The cache's kernels, least recently used first."""
-    kdir = kernel_dir()
-    found: dict = {}
+def _listing() -> list:
+    """(name, path, stat) of every file in the kernel folder and numba's folder for it."""
+    kdir, out = kernel_dir(), []
     for d in {kdir, numba_dir(os.path.join(kdir, "k_0.py"))}:
         try:
             items = list(os.scandir(d))
         except OSError:
             continue
         for it in items:
-            m = _KERNEL.match(it.name)
-            if not m:
-                continue
             try:
-                st = it.stat()
+                out.append((it.name, it.path, it.stat()))
             except OSError:
-                continue
-            e = found.setdefault(m.group(1), Entry(m.group(1), []))
-            e.files.append(it.path)
-            e.size += st.st_size
-            if m.group(2) == ".py":
-                e.used = st.st_atime
+                pass
+    return out
+
+
+def entries(listing: list | None = None) -> list:
+    """The cache's kernels, least recently used first (from `listing`, or a new one)."""
+    found: dict = {}
+    for name, path, st in _listing() if listing is None else listing:
+        m = _KERNEL.match(name)
+        if not m:
+            continue
+        e = found.setdefault(m.group(1), Entry(m.group(1), []))
+        e.files.append(path)
+        e.size += st.st_size
+        if m.group(2) == ".py":
+            e.used = st.st_atime
     return sorted(found.values(), key=lambda e: e.used)
 
 
-def prune(limit: int, keep_recent_s: float = KEEP_RECENT_S) -> tuple:
+def prune(limit: int, keep_recent_s: float = KEEP_RECENT_S, listing: list | None = None) -> tuple:
     """Remove the least recently used kernels until the cache takes at most `limit` bytes (those
-    used within `keep_recent_s`, or locked now, stay). Returns (kernels removed, bytes removed,
-    kernels left, bytes left)."""
-    es = entries()
-    total, removed, freed = sum(e.size for e in es), 0, _remove_stale_temporaries()
+    used within `keep_recent_s`, or locked now, stay), and the temporaries of writes that never
+    finished. Returns (kernels removed, bytes removed, kernels left, bytes left)."""
+    listing = _listing() if listing is None else listing
+    es = entries(listing)
+    total, removed, freed = sum(e.size for e in es), 0, _remove_stale_temporaries(listing)
     recent = time.time() - keep_recent_s
     for e in es:
         if total <= limit:
@@ -176,10 +183,10 @@ def auto(every_s: float = 0.0):
     if limit <= 0 or time.monotonic() - _checked[0] < every_s:
         return
     _checked[0] = time.monotonic()
-    es = entries()
-    if sum(e.size for e in es) <= limit:
+    listing = _listing()
+    if sum(e.size for e in entries(listing)) <= limit:
         return
-    removed, freed, left, size = prune(int(limit * LOW_WATER))
+    removed, freed, left, size = prune(int(limit * LOW_WATER), listing=listing)
     logger.info("kernel cache over its bound of %s (MODELC_CACHE_MAX_SIZE): removed %d least recently used "
                 "kernels (%s); %d kernels, %s left", human(limit), removed, human(freed), left, human(size))
 
@@ -187,20 +194,15 @@ def auto(every_s: float = 0.0):
 _TEMPORARY = re.compile(r"tmp\w+\.tmp|k_[0-9a-f]{24}\..+\.nb[ic]\.tmp\.\w+")     # ours, numba's
 
 
-def _remove_stale_temporaries() -> int:
+def _remove_stale_temporaries(listing: list) -> int:
     """Remove what writes that never finished left (a process killed between writing a temporary file
     and renaming it: write_source's, numba's cache saves) an hour or more ago; returns their bytes."""
-    kdir, freed, old = kernel_dir(), 0, time.time() - KEEP_RECENT_S
-    for d in {kdir, numba_dir(os.path.join(kdir, "k_0.py"))}:
-        try:
-            items = list(os.scandir(d))
-        except OSError:
-            continue
-        for it in items:
+    freed, old = 0, time.time() - KEEP_RECENT_S
+    for name, path, st in listing:
+        if _TEMPORARY.fullmatch(name) and st.st_mtime < old:
             try:
-                if _TEMPORARY.fullmatch(it.name) and (st := it.stat()).st_mtime < old:
-                    os.remove(it.path)
-                    freed += st.st_size
+                os.remove(path)
+                freed += st.st_size
             except OSError:
                 pass
     return freed
@@ -209,7 +211,7 @@ def _remove_stale_temporaries() -> int:
 def _remove(e: Entry) -> bool:
     """Remove a kernel's files, numba's first, under its lock; False if another process holds it."""
     src = next((f for f in e.files if f.endswith(".py")), None)
-    with locked(src, wait=False) if src else _nothing() as held:
+    with locked(src, wait=False) if src else contextlib.nullcontext(True) as held:
         if not held or src and _used(src) > e.used:      # (or used since the listing)
             return False
         for f in sorted(e.files, key=lambda f: f.endswith(".py")):
@@ -225,14 +227,6 @@ def _used(path: str) -> float:
         return os.stat(path).st_atime
     except OSError:
         return 0.0
-
-
-class _nothing:
-    def __enter__(self):
-        return True
-
-    def __exit__(self, *exc):
-        return False
 
 
 def human(n: int) -> str:
