@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kernels.cache import worker_env
+
 PASSED, FAILED, NOT_RUN = "passed", "failed", "not run"
 PASSED_FALLBACK = "passed (fallback)"   # through compile, part of the graph on the numpy fallback
 PASSED_TAIL = "passed (tail)"           # shapes decided by the data: those nodes on ONNX's evaluator
@@ -48,7 +50,7 @@ class _CaseWorker:
         self.proc = subprocess.Popen([sys.executable, "-m", "modelc.conformance", "--worker", backend,
                                       "--cases-file", cases_file],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, env=worker_env())
 
     def run(self, name: str, timeout: float) -> CaseResult:
         import json

@@ -61,7 +61,28 @@ TAG_ENV = "MODELC_KERNEL_TAG"   # set for worker processes: they file kernels as
 
 
 def worker_env(**extra) -> dict:
-    return dict(os.environ, **{TAG_ENV: target_tag()}, **extra)
+    """The environment of a worker process of ours: the parent's kernel tag, and an import path on which
+    the worker finds the modelc this process runs (`import_root`)."""
+    env = dict(os.environ, **{TAG_ENV: target_tag()}, **extra)
+    root = import_root()
+    if root is not None:
+        env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p and p != root])
+    return env
+
+
+def import_root() -> str | None:
+    """The folder this process imported modelc from, where a new interpreter might not look there first:
+    a source tree put on `sys.path` by hand (a worker then failed to import modelc at all) or a second
+    copy ahead of an installed one (a worker would compile with the other copy's helpers under this
+    one's kernel tag). None where modelc is an installed package: its site folder is on every
+    interpreter's path, and putting it first would move it ahead of the user's own PYTHONPATH."""
+    import site
+    import sysconfig
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    installed = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib")}
+    installed |= set(getattr(site, "getsitepackages", lambda: [])()) | {site.getusersitepackages()}
+    return None if any(d and os.path.abspath(d) == root for d in installed) else root
 # the code generated kernels import
 _HELPER_MODULES = ("launch.py", "stack.py", "intrinsics.py", "numba_pipeline.py", "int_dot.py")
 
@@ -281,8 +302,10 @@ class _Worker:
             if timer:
                 timer.cancel()
         rc = self.proc.wait()
-        if not started:
-            return "gone", ""
+        if not started:                  # exited idle, or could not start: its stderr's last line says why
+            self.err.seek(pos)
+            lines = [ln.strip() for ln in self.err.read()[-4000:].splitlines() if ln.strip()]
+            return "gone", lines[-1] if lines else ""
         how = exit_how(rc)
         if timed_out:
             how = f"killed after the timeout of {timeout:g} s"
@@ -349,6 +372,12 @@ def _compile_in_subprocesses(paths: list, jobs: int, progress=None, timeout=None
                     w.close()
                     w = _workers[slot] = _Worker()
                 status, msg = w.compile(path, timeout)
+                if status == "gone":                # a new one exited too: none can start
+                    with _workers_lock:
+                        failures.append(f"a kernel compile worker ({sys.executable}) exited before compiling "
+                                        f"{_what(path, names)}: {msg or 'it wrote nothing'}")
+                        todo.clear()
+                    return
             if status == "ok":
                 if progress is not None:
                     progress()
