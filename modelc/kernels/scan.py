@@ -1,9 +1,9 @@
-"""CumSum as a scan template: a running sum along one axis (exclusive, reverse), the axis an
-inlined constant input.
+"""CumSum and CumProd as a scan template: a running sum or product along one axis (exclusive,
+reverse), the axis an inlined constant input.
 
 The tensor is seen as [outer, L, inner] around the axis; one parallel loop runs over tasks of
-`rows_per_task` columns (an outer index and an inner offset), each scanned along L with its sum in
-float64 for floats (as the reference accumulates) and in the input type for integers, then stored
+`rows_per_task` columns (an outer index and an inner offset), each scanned along L with its sum or
+product in float64 for floats (as the reference accumulates) and in the input type for integers, then stored
 through any elementwise epilogue. `column_geometry` and `column_loop` serve select.py too.
 """
 from __future__ import annotations
@@ -50,13 +50,16 @@ def _geometry(wl: Workload):
     return column_geometry(shape, const_int(wl, a.args[1]))
 
 
+SCANS = {"CumSum": ("+", 0), "CumProd": ("*", 1)}     # op: its step and its identity
+
+
 @register
 class CumSum(Template):
     name = "cumsum"
 
     def matches(self, wl: Workload) -> bool:
         a = wl.anchor
-        x = plain_anchor_input(wl, ("CumSum",), INT_OR_FLOAT)
+        x = plain_anchor_input(wl, tuple(SCANS), INT_OR_FLOAT)
         if x is None or len(a.args) < 2:
             return False
         ax = const_int(wl, a.args[1])
@@ -86,13 +89,14 @@ class CumSum(Template):
         excl = bool(int(a.attrs.get("exclusive", 0)))
         rev = bool(int(a.attrs.get("reverse", 0)))
         body, ind = column_loop(outer, L, inner, cfg["rows_per_task"])
-        body += [f"{ind}s = {acc_t}(0)",
+        step, identity = SCANS[a.op]
+        body += [f"{ind}s = {acc_t}({identity})",
                  f"{ind}for ll in range({L}):",
                  f"{ind}    l = {L - 1} - ll" if rev else f"{ind}    l = ll",
                  f"{ind}    at = np.uintp(base + l * {inner})",
                  f"{ind}    v = {acc_t}({X}[at])"]
         if excl:
-            body += store(wl, ind + "    ", f"{T}(s)", "at") + [f"{ind}    s = s + v"]
+            body += store(wl, ind + "    ", f"{T}(s)", "at") + [f"{ind}    s = s {step} v"]
         else:
-            body += [f"{ind}    s = s + v"] + store(wl, ind + "    ", f"{T}(s)", "at")
+            body += [f"{ind}    s = s {step} v"] + store(wl, ind + "    ", f"{T}(s)", "at")
         return finish(wl, body, [x_arg], cfg["parallel"])

@@ -134,25 +134,32 @@ register("ArgMax", Kind.REDUCTION, infer=_arg_infer)(_arg(np.argmax))
 register("ArgMin", Kind.REDUCTION, infer=_arg_infer)(_arg(np.argmin))
 
 
-# ---- CumSum ----------------------------------------------------------------------------------
+# ---- CumSum, CumProd ---------------------------------------------------------------------------
 
-def _cumsum_infer(x, axis, *, exclusive=0, reverse=0):
+def _cum_infer(x, axis, *, exclusive=0, reverse=0):
     if axis.value is not None:
         _axis(int(np.ravel(axis.value)[0]), len(x.shape))
     return x.shape, x.dtype
 
 
-@register("CumSum", Kind.OPAQUE, infer=_cumsum_infer)
-def cumsum(x, axis, *, exclusive=0, reverse=0):
-    a = _axis(int(np.ravel(axis)[0]), x.ndim)
-    acc = _accumulator(x.dtype)
-    v = x.astype(acc) if acc is not None else x
-    if reverse:
-        v = np.flip(v, axis=a)
-    y = np.cumsum(v, axis=a)
-    if exclusive:   # shift by one along the axis instead of subtracting: exact for floats too
-        head = np.zeros_like(np.take(y, [0], axis=a))
-        y = np.concatenate([head, np.delete(y, -1, axis=a)], axis=a) if y.shape[a] else y
-    if reverse:
-        y = np.flip(y, axis=a)
-    return np.ascontiguousarray(y).astype(x.dtype)
+def _cumulative(scan, identity):
+    """The reference of a running sum or product: floats accumulate in float64, integers in their
+    own type (numpy's wrap-around, as onnxruntime's)."""
+    def ref(x, axis, *, exclusive=0, reverse=0):
+        a = _axis(int(np.ravel(axis)[0]), x.ndim)
+        acc = _accumulator(x.dtype)
+        v = x.astype(acc) if acc is not None else x
+        if reverse:
+            v = np.flip(v, axis=a)
+        y = scan(v, axis=a)
+        if exclusive:   # shift by one along the axis instead of undoing the last step: exact for floats too
+            head = np.full_like(np.take(y, [0], axis=a), identity)
+            y = np.concatenate([head, np.delete(y, -1, axis=a)], axis=a) if y.shape[a] else y
+        if reverse:
+            y = np.flip(y, axis=a)
+        return np.ascontiguousarray(y).astype(x.dtype)
+    return ref
+
+
+register("CumSum", Kind.OPAQUE, infer=_cum_infer)(_cumulative(np.cumsum, 0))
+register("CumProd", Kind.OPAQUE, infer=_cum_infer)(_cumulative(np.cumprod, 1))
