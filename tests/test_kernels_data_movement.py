@@ -1,6 +1,6 @@
 """Data-movement ops with generated kernels (no numpy fallback), against onnxruntime: Trilu,
 OneHot, EyeLike, GatherElements, GatherND, DepthToSpace, SpaceToDepth, Pad reflect/edge/wrap
-(injective template) and ScatterElements/ScatterND (scatter template)."""
+(injective template), ScatterElements/ScatterND (scatter template) and ReverseSequence (a GatherElements)."""
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -307,3 +307,25 @@ def test_grid_sample_grid_that_does_not_fit_is_refused():
                {"x": _x(1, 2, 4, 4), "g": _grid(1, 3, 3, 2)}, opset=16)
     with pytest.raises(ModelcError, match="no mode 'linear'"):
         modelc.compile(m)
+
+
+@pytest.mark.parametrize("shape,batch_axis,time_axis,lens,const", [
+    ((5, 3, 4), 1, 0, [5, 2, 1], True), ((5, 3, 4), 1, 0, [3, 5, 4], False),
+    ((3, 6, 2, 2), 0, 1, [6, 0, 4], False), ((4, 6), 0, 1, [1, 6, 3, 2], True)])
+def test_reverse_sequence(shape, batch_axis, time_axis, lens, const):
+    """Each batch entry's first lens[b] steps reversed, the lengths a constant or an input."""
+    feeds = {"x": _x(*shape)}
+    inits = [_c("lens", lens)] if const else []
+    if not const:
+        feeds["lens"] = np.asarray(lens, np.int64)
+    mod = _check([helper.make_node("ReverseSequence", ["x", "lens"], ["y"], batch_axis=batch_axis,
+                                   time_axis=time_axis)], feeds, inits)
+    if not const:                     # lengths past the steps read clipped indices: no stray reads
+        got = mod.run({**feeds, "lens": np.asarray([100] * len(lens), np.int64)})["y"]
+        assert np.isin(got, feeds["x"]).all()
+
+
+def test_reverse_sequence_refuses_constant_lengths_past_the_steps():
+    with pytest.raises(ModelcError, match=r"ReverseSequence.*sequence_lens \[6, 1, 2\] must lie in \[0, 5\]"):
+        modelc.compile(_model([helper.make_node("ReverseSequence", ["x", "lens"], ["y"], batch_axis=1, time_axis=0)],
+                              {"x": _x(5, 3, 4)}, [_c("lens", [6, 1, 2])]))

@@ -161,6 +161,53 @@ def scatter(ctx, node):
     ctx.emit("ScatterElements", node.inputs, node.outputs, {"axis": node.attrs.get("axis", 0)})
 
 
+@converter("ReverseSequence", since=10, away=True)
+def reverse_sequence(ctx, node):
+    """Each batch entry's first sequence_lens[b] steps reversed: a GatherElements along the time axis
+    whose index, lens[b] - 1 - t below the entry's length and t past it, folds to a constant when the
+    lengths are (a length read at run time outside [0, steps] reads clipped indices, never out of bounds)."""
+    x, lens = node.inputs[:2]
+    r = ctx.rank(x)
+    if r < 2:
+        raise ShapeError(f"{node.where()}: its input {x!r} has rank {r}; ReverseSequence needs rank >= 2")
+    try:
+        bax = _axis_of(int(node.attrs.get("batch_axis", 1)), r)
+        tax = _axis_of(int(node.attrs.get("time_axis", 0)), r)
+    except ValueError as e:
+        raise ShapeError(f"{node.where()}: {e}") from None
+    if {bax, tax} != {0, 1}:
+        raise ShapeError(f"{node.where()}: batch_axis and time_axis must be 0 and 1 in some order, are "
+                         f"{node.attrs.get('batch_axis', 1)} and {node.attrs.get('time_axis', 0)}")
+    shape = ctx.shape(x)
+    steps, batch = shape[tax], shape[bax]
+    if tuple(ctx.shape(lens)) != (batch,):
+        raise ShapeError(f"{node.where()}: sequence_lens {lens!r} has shape {list(ctx.shape(lens))}, "
+                         f"expected [{batch}] (the batch axis)")
+    lv = ctx.value(lens)
+    if lv is not None and not np.all((0 <= np.asarray(lv)) & (np.asarray(lv) <= steps)):
+        raise ShapeError(f"{node.where()}: sequence_lens {np.asarray(lv).tolist()} must lie in [0, {steps}], "
+                         "the input's steps")
+    along = [1] * r
+    along[tax] = steps
+    pos = _ints_const(ctx, node, np.arange(steps), "steps")
+    pos = ctx.emit("Reshape", [pos, _ints_const(ctx, node, along, "steps_shape")])[0]
+    per = [1] * r
+    per[bax] = batch
+    n = ctx.emit("Cast", [lens], attrs={"to": TensorProto.INT64})[0]
+    n = ctx.emit("Reshape", [n, _ints_const(ctx, node, per, "lens_shape")])[0]
+    one = ctx.const(np.array(1, np.int64), f"{node.name}_one")
+    flipped = ctx.emit("Sub", [ctx.emit("Sub", [n, one])[0], pos])[0]
+    idx = ctx.emit("Where", [ctx.emit("Less", [pos, n])[0], flipped, pos])[0]
+    idx = ctx.emit("Expand", [idx, _ints_const(ctx, node, shape, "shape")])[0]
+    ctx.emit("GatherElements", [x, idx], node.outputs, {"axis": tax})
+
+
+def _axis_of(axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is outside rank {rank}")
+    return axis % rank
+
+
 # ---- semantic changes ---------------------------------------------------------------------------
 
 @converter("Cast", since=1)
