@@ -5,7 +5,8 @@ import numpy as np
 
 from ..errors import ModelcError
 from .converters import converter
-from . import control_flow, convert_nn, convert_tensor, experimental, quantized, quantized_contrib, recurrent  # noqa: F401  (registration side effects)
+from . import (control_flow, convert_nn, convert_signal, convert_tensor, experimental, quantized,  # noqa: F401
+               quantized_contrib, recurrent)  # (registration side effects)
 
 
 @converter("Constant", away=True)

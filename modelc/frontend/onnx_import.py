@@ -463,14 +463,13 @@ def _compare_with_onnx_inference(proto, bound: dict, graph: Graph, skip=frozense
                              f"inputs give {list(t.shape)}")
     m = onnx.ModelProto()
     m.CopyFrom(proto)
-    # before IR 4 initializers had to be graph inputs too, and ONNX's inference ignores those that
-    # are not (modelc reads them either way): cross-check as the current IR reads the model
-    m.ir_version = max(m.ir_version, 4)
+    m.ir_version = max(m.ir_version, 4)   # ONNX's inference ignores initializers not inputs before IR 4
     for n in m.graph.node:      # pads given with an auto_pad are ignored, as onnxruntime ignores them
         if any(a.name == "auto_pad" and a.s not in (b"", b"NOTSET") for a in n.attribute):
-            keep = [a for a in n.attribute if a.name != "pads"]
-            del n.attribute[:]
-            n.attribute.extend(keep)
+            for i in [i for i, a in enumerate(n.attribute) if a.name == "pads"][::-1]:
+                del n.attribute[i]
+        if n.op_type == "STFT" and not any(a.name == "onesided" for a in n.attribute):   # ONNX's inference
+            n.attribute.append(helper.make_attribute("onesided", 1))   # reads its default 1 as 0 (ort: 1)
     for inp in m.graph.input:
         if inp.name in bound:
             shp = bound[inp.name][0]
