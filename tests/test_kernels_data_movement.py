@@ -1,6 +1,7 @@
 """Data-movement ops with generated kernels (no numpy fallback), against onnxruntime: Trilu,
 OneHot, EyeLike, GatherElements, GatherND, DepthToSpace, SpaceToDepth, Pad reflect/edge/wrap
-(injective template), ScatterElements/ScatterND (scatter template) and ReverseSequence (a GatherElements)."""
+(injective template), ScatterElements/ScatterND (scatter template), ReverseSequence (a GatherElements)
+and MaxUnpool (a ScatterElements)."""
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -329,3 +330,23 @@ def test_reverse_sequence_refuses_constant_lengths_past_the_steps():
     with pytest.raises(ModelcError, match=r"ReverseSequence.*sequence_lens \[6, 1, 2\] must lie in \[0, 5\]"):
         modelc.compile(_model([helper.make_node("ReverseSequence", ["x", "lens"], ["y"], batch_axis=1, time_axis=0)],
                               {"x": _x(5, 3, 4)}, [_c("lens", [6, 1, 2])]))
+
+
+@pytest.mark.parametrize("shape,kernel,strides,pads", [((1, 3, 6, 8), [2, 2], [2, 2], [0, 0, 0, 0]),
+                                                        ((2, 2, 5, 5), [3, 3], [2, 2], [1, 1, 1, 1]),
+                                                        ((1, 4, 9), [3], [3], [0, 0])])
+def test_max_unpool_of_max_pools_indices(shape, kernel, strides, pads):
+    """MaxPool's values and indices unpooled: each value back where the pool found it, zeros elsewhere."""
+    x = _x(*shape)
+    pool = helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=kernel, strides=strides, pads=pads)
+    unpool = helper.make_node("MaxUnpool", ["p", "i"], ["y"], kernel_shape=kernel, strides=strides, pads=pads)
+    _check([pool, unpool], {"x": x})
+
+
+def test_max_unpool_to_another_shape_is_refused_naming_it():
+    """With an output_shape other than the unpooled one, onnxruntime reads the indices in that shape's
+    layout and ONNX's reference in the unpooled one's: refused, not guessed."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxUnpool", ["p", "i", "s"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    with pytest.raises(ModelcError, match=r"MaxUnpool\(output_shape other than the unpooled shape\)"):
+        modelc.compile(_model(nodes, {"x": _x(1, 1, 5, 5)}, [_c("s", [1, 1, 5, 5])]))

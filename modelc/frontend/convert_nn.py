@@ -159,3 +159,35 @@ def grid_sample_v16(ctx, node):
 
 
 converter("GridSample", since=20)(passthrough)
+
+
+@converter("MaxUnpool", since=9, away=True)
+def max_unpool(ctx, node):
+    """Y = zeros of the unpooled shape, Y.flat[I] = X (MaxPool's indices count over the whole tensor):
+    a ScatterElements into the flattened zeros; indices read at run time are clipped into Y."""
+    ins = list(node.inputs) + [""] * 3
+    x, idx, shape_in = ins[:3]
+    shape = ctx.shape(x)
+    k = list(node.attrs.get("kernel_shape", []))
+    nd = len(shape) - 2
+    if len(k) != nd or nd < 1:
+        raise ShapeError(f"{node.where()}: kernel_shape {k} does not match its input's {nd} spatial axes")
+    strides = list(node.attrs.get("strides", [1] * nd))
+    pads = list(node.attrs.get("pads", [0] * 2 * nd))
+    if tuple(ctx.shape(idx)) != tuple(shape):
+        raise ShapeError(f"{node.where()}: its indices {idx!r} have shape {list(ctx.shape(idx))}, its input "
+                         f"{list(shape)}")
+    out = list(shape[:2]) + [(shape[2 + d] - 1) * strides[d] + k[d] - pads[d] - pads[nd + d] for d in range(nd)]
+    if min(out) < 1:
+        raise ShapeError(f"{node.where()}: output shape {out} for an input of shape {list(shape)}")
+    if shape_in:
+        v = ctx.value(shape_in)
+        if v is None or [int(d) for d in np.asarray(v).reshape(-1)] != out:
+            # onnxruntime (and PyTorch's exports) read the indices in output_shape's layout, ONNX's
+            # reference in the pooled shape's, then pads: where they differ, no answer is agreed
+            raise _unsupported(node, "output_shape other than the unpooled shape")
+    flat = ctx.const(np.array([-1], np.int64), f"{node.name}_flat")
+    zeros = ctx.const(np.zeros(int(np.prod(out)), ctx.dtype(x)), f"{node.name}_zeros")
+    y = ctx.emit("ScatterElements", [zeros, ctx.emit("Reshape", [idx, flat])[0],
+                                     ctx.emit("Reshape", [x, flat])[0]], attrs={"axis": 0})[0]
+    ctx.emit("Reshape", [y, ctx.const(np.asarray(out, np.int64), f"{node.name}_shape")], node.outputs)
