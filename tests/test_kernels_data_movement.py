@@ -1,7 +1,7 @@
 """Data-movement ops with generated kernels (no numpy fallback), against onnxruntime: Trilu,
 OneHot, EyeLike, GatherElements, GatherND, DepthToSpace, SpaceToDepth, Pad reflect/edge/wrap
 (injective template), ScatterElements/ScatterND (scatter template), ReverseSequence (a GatherElements)
-and MaxUnpool (a ScatterElements)."""
+and MaxUnpool and Col2Im (ScatterElements)."""
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -350,3 +350,18 @@ def test_max_unpool_to_another_shape_is_refused_naming_it():
              helper.make_node("MaxUnpool", ["p", "i", "s"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
     with pytest.raises(ModelcError, match=r"MaxUnpool\(output_shape other than the unpooled shape\)"):
         modelc.compile(_model(nodes, {"x": _x(1, 1, 5, 5)}, [_c("s", [1, 1, 5, 5])]))
+
+
+@pytest.mark.parametrize("image,block,attrs", [([5, 6], [2, 3], {}),
+                                               ([7, 8], [3, 3], {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+                                               ([9, 7], [2, 2], {"dilations": [2, 1], "strides": [1, 2],
+                                                                 "pads": [0, 1, 1, 0]})])
+def test_col2im_adds_each_block_where_it_was_taken(image, block, attrs):
+    """torch.nn.Fold's op: overlapping blocks summed, those in the padding dropped."""
+    s, d = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    p = attrs.get("pads", [0, 0, 0, 0])
+    blocks = [(image[i] + p[i] + p[2 + i] - d[i] * (block[i] - 1) - 1) // s[i] + 1 for i in range(2)]
+    x = _x(2, 3 * block[0] * block[1], blocks[0] * blocks[1])
+    node = helper.make_node("Col2Im", ["x", "img", "blk"], ["y"], **attrs)
+    mod = _check([node], {"x": x}, [_c("img", image), _c("blk", block)], rtol=1e-6)
+    assert mod.run({"x": x})["y"].shape == (2, 3, *image)

@@ -191,3 +191,43 @@ def max_unpool(ctx, node):
     y = ctx.emit("ScatterElements", [zeros, ctx.emit("Reshape", [idx, flat])[0],
                                      ctx.emit("Reshape", [x, flat])[0]], attrs={"axis": 0})[0]
     ctx.emit("Reshape", [y, ctx.const(np.asarray(out, np.int64), f"{node.name}_shape")], node.outputs)
+
+
+@converter("Col2Im", since=18, away=True)
+def col2im(ctx, node):
+    """torch.nn.Fold: each column's block added into the image where it was taken from, as a
+    ScatterElements with addition into the flattened zeros (elements that fall in the padding go to
+    one extra slot, cut off after), its index a constant of the input's size."""
+    x, image, block = node.inputs[:3]
+    iv, bv = ctx.value(image), ctx.value(block)
+    if iv is None or bv is None:
+        raise ShapeError(f"{node.where()}: image_shape and block_shape must be constants")
+    img, blk = [int(v) for v in np.ravel(iv)], [int(v) for v in np.ravel(bv)]
+    nd = len(img)
+    strides = list(node.attrs.get("strides", [1] * nd))
+    dil = list(node.attrs.get("dilations", [1] * nd))
+    pads = list(node.attrs.get("pads", [0] * 2 * nd))
+    shape = ctx.shape(x)
+    k = int(np.prod(blk))
+    blocks = [(img[d] + pads[d] + pads[nd + d] - dil[d] * (blk[d] - 1) - 1) // strides[d] + 1 for d in range(nd)]
+    if len(blk) != nd or len(shape) != 3 or shape[1] % k or min(blocks) < 1 or shape[2] != int(np.prod(blocks)):
+        raise ShapeError(f"{node.where()}: an input of shape {list(shape)} is not the columns of {blk} blocks "
+                         f"of an image {img} (strides {strides}, dilations {dil}, pads {pads})")
+    n, c = shape[0], shape[1] // k
+    offs = np.indices(blk).reshape(nd, k, 1)                     # each element's place in its block
+    where = np.indices(blocks).reshape(nd, 1, -1)                # each column's block
+    pos = where * np.reshape(strides, (nd, 1, 1)) - np.reshape(pads[:nd], (nd, 1, 1)) + \
+        offs * np.reshape(dil, (nd, 1, 1))                        # [nd, k, L]
+    inside = np.all((pos >= 0) & (pos < np.reshape(img, (nd, 1, 1))), axis=0)
+    size = int(np.prod(img))
+    flat = np.where(inside, np.ravel_multi_index(tuple(np.clip(pos, 0, None)), img, mode="clip"), -1)
+    base = (np.arange(n * c) * (size + 1)).reshape(n, c, 1, 1)
+    idx = np.where(flat >= 0, base + flat, base + size).reshape(-1).astype(np.int64)
+    def i64(v, hint):
+        return ctx.const(np.asarray(v, np.int64), f"{node.name}_{hint}")
+    zeros = ctx.const(np.zeros(n * c * (size + 1), ctx.dtype(x)), f"{node.name}_zeros")
+    cols = ctx.emit("Reshape", [x, i64([-1], "flat")])[0]
+    y = ctx.emit("ScatterElements", [zeros, i64(idx, "index"), cols], attrs={"axis": 0, "reduction": "add"})[0]
+    y = ctx.emit("Reshape", [y, i64([n, c, size + 1], "slots")])[0]
+    y = ctx.emit("Slice", [y, i64([0], "s0"), i64([size], "s1"), i64([2], "s2")])[0]
+    ctx.emit("Reshape", [y, i64([n, c] + img, "shape")], node.outputs)
