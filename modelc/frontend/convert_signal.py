@@ -126,8 +126,6 @@ def _dft_node(ctx, node, axis):
         n = _scalar(ctx, node, ins[1], "dft_length")
     else:
         n = 2 * (ctx.shape(x)[a] - 1) if inverse and onesided else ctx.shape(x)[a]
-    if onesided and not inverse and ctx.shape(x)[-1] == 2:
-        raise ShapeError(f"{node.where()}: a one-sided DFT takes a real signal; its input {x!r} is complex")
     dft(ctx, node, x, n, a, inverse, onesided, node.outputs)
 
 
@@ -167,8 +165,6 @@ def stft(ctx, node):
         w = ctx.emit("Reshape", [window, _ints(ctx, node, [1, 1, n, 1], "window_shape")])[0]
         framed = ctx.emit("Mul", [framed, w])[0]
     onesided = bool(int(node.attrs.get("onesided", 1)))
-    if onesided and shape[-1] == 2:
-        raise ShapeError(f"{node.where()}: a one-sided STFT takes a real signal; {x!r} is complex")
     dft(ctx, node, framed, n, 2, False, onesided, node.outputs)
 
 

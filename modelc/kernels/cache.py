@@ -83,6 +83,8 @@ def import_root() -> str | None:
     installed = {sysconfig.get_paths().get(k) for k in ("purelib", "platlib")}
     installed |= set(getattr(site, "getsitepackages", lambda: [])()) | {site.getusersitepackages()}
     return None if any(d and os.path.abspath(d) == root for d in installed) else root
+
+
 # the code generated kernels import
 _HELPER_MODULES = ("launch.py", "stack.py", "intrinsics.py", "numba_pipeline.py", "int_dot.py")
 
