@@ -41,8 +41,7 @@ def _i64(name, v):
 
 
 @pytest.mark.parametrize("shape,axis,length,onesided", [
-    ((2, 16, 3, 1), 1, None, 1), ((2, 16, 3, 1), 1, 12, 1), ((2, 16, 3, 1), 1, 21, 0),
-    ((3, 5, 10, 2), 2, None, 0), ((3, 5, 10, 2), -2, 7, 0), ((3, 10, 4, 2), 1, None, 1)])
+    ((2, 16, 3, 1), 1, 12, 1), ((2, 16, 3, 1), 1, 21, 0), ((3, 5, 10, 2), -2, 7, 0), ((3, 10, 4, 2), 1, None, 1)])
 def test_dft_forward(shape, axis, length, onesided):
     x = RNG.standard_normal(shape).astype(np.float32)
     inits = [_i64("axis", axis)] + ([_i64("n", length)] if length else [])
