@@ -81,10 +81,14 @@ def dft(ctx, node, x, n, axis, inverse, onesided, outputs):
         im = im and ctx.emit("Slice", [im] + cut)[0]
     perm = [d for d in range(r - 1) if d != a] + [a]          # the signal's axis last, for the products
     back = list(np.argsort(perm))
+    re = ctx.emit("Transpose", [re], attrs={"perm": perm})[0]
+    im = im and ctx.emit("Transpose", [im], attrs={"perm": perm})[0]
+    mats: dict = {}                                           # each matrix one constant
 
     def prod(v, mat, hint):
-        t = ctx.emit("Transpose", [v], attrs={"perm": perm})[0]
-        return ctx.emit("MatMul", [t, _matrix(ctx, node, mat, dtype, hint)])[0]
+        if hint not in mats:
+            mats[hint] = _matrix(ctx, node, mat, dtype, hint)
+        return ctx.emit("MatMul", [v, mats[hint]])[0]
 
     def join(parts):
         ys = [ctx.emit("Unsqueeze", [ctx.emit("Transpose", [p], attrs={"perm": back})[0],
