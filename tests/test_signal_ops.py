@@ -72,14 +72,12 @@ def test_dft_inverse_complex_and_onesided(opset):
         _close(got, want, n or 22)
 
 
-@pytest.mark.parametrize("window", [False, True])
-def test_stft_against_onnxruntime(window):
+def test_stft_against_onnxruntime():
+    """Frames of 16 samples every 7 under a Hann window, one-sided (the default)."""
     x = RNG.standard_normal((2, 100, 1)).astype(np.float32)
     inits = [_i64("step", 7), _i64("length", 16)]
-    feeds = {"x": x}
-    if window:
-        feeds["w"] = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)).astype(np.float32)
-    node = helper.make_node("STFT", ["x", "step", "w" if window else "", "length"], ["y"])
+    feeds = {"x": x, "w": (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)).astype(np.float32)}
+    node = helper.make_node("STFT", ["x", "step", "w", "length"], ["y"])
     m = _model(node, feeds, inits, 17)
     mod = modelc.compile(m)
     assert not mod.fallbacks
