@@ -107,3 +107,7 @@ def test_dft_length_read_at_run_time_is_refused_naming_it():
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ModelcError, match=r"dft_length 'n' must be a constant scalar"):
         modelc.compile(m)
+    huge = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [_i64("n", 10 ** 12)])
+    with pytest.raises(ModelcError, match=r"a DFT of length 1000000000000 over 8 samples needs a 8 x 1000000000000"):
+        modelc.from_onnx(helper.make_model(huge, opset_imports=[helper.make_opsetid("", 17)]), check=False)

@@ -6,9 +6,12 @@ attributes that only matter for training are dropped. Forms that train are refus
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..errors import ModelcError, ShapeError, UnsupportedOpError
+from .convert_tensor import _ints_const
 from .converters import converter, passthrough
 
 
@@ -223,8 +226,7 @@ def col2im(ctx, node):
     flat = np.where(inside, np.ravel_multi_index(tuple(np.clip(pos, 0, None)), img, mode="clip"), -1)
     base = (np.arange(n * c) * (size + 1)).reshape(n, c, 1, 1)
     idx = np.where(flat >= 0, base + flat, base + size).reshape(-1).astype(np.int64)
-    def i64(v, hint):
-        return ctx.const(np.asarray(v, np.int64), f"{node.name}_{hint}")
+    i64 = functools.partial(_ints_const, ctx, node)
     zeros = ctx.const(np.zeros(n * c * (size + 1), ctx.dtype(x)), f"{node.name}_zeros")
     cols = ctx.emit("Reshape", [x, i64([-1], "flat")])[0]
     y = ctx.emit("ScatterElements", [zeros, i64(idx, "index"), cols], attrs={"axis": 0, "reduction": "add"})[0]

@@ -15,7 +15,12 @@ import numpy as np
 from onnx import helper
 
 from ..errors import ModelcError, ShapeError
+from ..ops.params import axis_index
+from .convert_tensor import _ints_const
 from .converters import converter
+
+
+MAX_MATRIX = 1 << 26     # entries of a DFT matrix (a square one of 8,192) or of STFT's frame index
 
 
 def _scalar(ctx, node, name, what):
@@ -27,10 +32,6 @@ def _scalar(ctx, node, name, what):
     return int(np.asarray(v).reshape(-1)[0])
 
 
-def _ints(ctx, node, values, hint):
-    return ctx.const(np.asarray(values, np.int64).reshape(-1), f"{node.name}_{hint}")
-
-
 def _matrix(ctx, node, m, dtype, hint):
     return ctx.const(np.ascontiguousarray(m.astype(dtype)), f"{node.name}_{hint}")
 
@@ -40,9 +41,9 @@ def _parts(ctx, node, x, complex_in):
     r = ctx.rank(x)
 
     def part(k):
-        s = ctx.emit("Slice", [x, _ints(ctx, node, [k], f"p{k}"), _ints(ctx, node, [k + 1], f"p{k}e"),
-                               _ints(ctx, node, [r - 1], "last")])[0]
-        return ctx.emit("Squeeze", [s, _ints(ctx, node, [r - 1], "last")])[0]
+        s = ctx.emit("Slice", [x, _ints_const(ctx, node, [k], f"p{k}"), _ints_const(ctx, node, [k + 1], f"p{k}e"),
+                               _ints_const(ctx, node, [r - 1], "last")])[0]
+        return ctx.emit("Squeeze", [s, _ints_const(ctx, node, [r - 1], "last")])[0]
     return part(0), (part(1) if complex_in else None)
 
 
@@ -70,13 +71,16 @@ def dft(ctx, node, x, n, axis, inverse, onesided, outputs):
     else:
         rows = min(length, n)
         cols = n // 2 + 1 if onesided else n
+    if rows * cols > MAX_MATRIX:
+        raise ShapeError(f"{node.where()}: a DFT of length {n} over {length} samples needs a {rows} x {cols} "
+                         f"matrix; modelc's DFT matrices hold at most {MAX_MATRIX} entries")
     k = np.arange(rows, dtype=np.float64)[:, None]
     m = np.arange(cols, dtype=np.float64)[None, :]
     theta = 2 * np.pi * np.mod(k * m, n) / n
     cos, sin = np.cos(theta), np.sin(theta)
     re, im = _parts(ctx, node, x, complex_in)
     if length > rows:                                         # dft_length truncates the signal
-        cut = [_ints(ctx, node, [0], "zero"), _ints(ctx, node, [rows], "rows"), _ints(ctx, node, [a], "axis")]
+        cut = [_ints_const(ctx, node, [v], h) for v, h in ((0, "zero"), (rows, "rows"), (a, "axis"))]
         re = ctx.emit("Slice", [re] + cut)[0]
         im = im and ctx.emit("Slice", [im] + cut)[0]
     perm = [d for d in range(r - 1) if d != a] + [a]          # the signal's axis last, for the products
@@ -92,7 +96,7 @@ def dft(ctx, node, x, n, axis, inverse, onesided, outputs):
 
     def join(parts):
         ys = [ctx.emit("Unsqueeze", [ctx.emit("Transpose", [p], attrs={"perm": back})[0],
-                                     _ints(ctx, node, [r - 1], "last")])[0] for p in parts]
+                                     _ints_const(ctx, node, [r - 1], "last")])[0] for p in parts]
         if len(ys) == 1:
             ctx.emit("Identity", ys, outputs)
         else:
@@ -123,9 +127,10 @@ def _dft_node(ctx, node, axis):
     x = ins[0]
     inverse = bool(int(node.attrs.get("inverse", 0)))
     onesided = bool(int(node.attrs.get("onesided", 0)))
-    a = axis % ctx.rank(x) if -ctx.rank(x) <= axis < ctx.rank(x) else None
-    if a is None:
-        raise ShapeError(f"{node.where()}: axis {axis} is outside its input's rank {ctx.rank(x)}")
+    try:
+        a = axis_index(axis, ctx.rank(x))
+    except ValueError as e:
+        raise ShapeError(f"{node.where()}: {e}") from None
     if ins[1]:
         n = _scalar(ctx, node, ins[1], "dft_length")
     else:
@@ -163,10 +168,13 @@ def stft(ctx, node):
         raise ShapeError(f"{node.where()}: frame_step {hop} and frame_length {n} do not frame a signal of "
                          f"{shape[1]} samples")
     frames = 1 + (shape[1] - n) // hop
+    if frames * n > MAX_MATRIX:
+        raise ShapeError(f"{node.where()}: {frames} frames of {n} samples; modelc's STFT frames at most "
+                         f"{MAX_MATRIX} samples in all")
     idx = np.arange(frames)[:, None] * hop + np.arange(n)[None, :]
     framed = ctx.emit("Gather", [x, ctx.const(idx.astype(np.int64), f"{node.name}_frames")], attrs={"axis": 1})[0]
     if window:
-        w = ctx.emit("Reshape", [window, _ints(ctx, node, [1, 1, n, 1], "window_shape")])[0]
+        w = ctx.emit("Reshape", [window, _ints_const(ctx, node, [1, 1, n, 1], "window_shape")])[0]
         framed = ctx.emit("Mul", [framed, w])[0]
     onesided = bool(int(node.attrs.get("onesided", 1)))
     dft(ctx, node, framed, n, 2, False, onesided, node.outputs)

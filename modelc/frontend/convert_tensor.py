@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from ..errors import ModelcError, ShapeError, UnsupportedOpError
 from ..ops.cast import onnx_dtype
+from ..ops.params import axis_index
 from .converters import converter, passthrough
 
 
@@ -171,8 +172,8 @@ def reverse_sequence(ctx, node):
     if r < 2:
         raise ShapeError(f"{node.where()}: its input {x!r} has rank {r}; ReverseSequence needs rank >= 2")
     try:
-        bax = _axis_of(int(node.attrs.get("batch_axis", 1)), r)
-        tax = _axis_of(int(node.attrs.get("time_axis", 0)), r)
+        bax = axis_index(node.attrs.get("batch_axis", 1), r, "batch_axis")
+        tax = axis_index(node.attrs.get("time_axis", 0), r, "time_axis")
     except ValueError as e:
         raise ShapeError(f"{node.where()}: {e}") from None
     if {bax, tax} != {0, 1}:
@@ -200,12 +201,6 @@ def reverse_sequence(ctx, node):
     idx = ctx.emit("Where", [ctx.emit("Less", [pos, n])[0], flipped, pos])[0]
     idx = ctx.emit("Expand", [idx, _ints_const(ctx, node, shape, "shape")])[0]
     ctx.emit("GatherElements", [x, idx], node.outputs, {"axis": tax})
-
-
-def _axis_of(axis: int, rank: int) -> int:
-    if not -rank <= axis < rank:
-        raise ValueError(f"axis {axis} is outside rank {rank}")
-    return axis % rank
 
 
 # ---- semantic changes ---------------------------------------------------------------------------
